@@ -1,0 +1,136 @@
+"""The Algorithm interface every decentralized learning algorithm implements.
+
+Quagmire (Hsieh et al., ICML 2020) Appendix A writes every algorithm on top of *vanilla
+momentum SGD* on node k::
+
+    u <- m * u - eta * grad f(w, b)        # grad includes the L2 weight-decay term
+    w <- w + u
+
+The trainer calls, every minibatch, after ``loss.backward()`` has filled ``flat.grad``
+(weight decay already added):
+
+    algo.step(step, lr)  ==  before_step(step, lr); local_update(step, lr); after_step(step, lr)
+
+* ``before_step``  -- gradient exchange (BSP all-reduces ``flat.grad``).
+* ``local_update`` -- the local momentum-SGD update above, on flat buffers; DGC overrides it.
+* ``after_step``   -- parameter/update exchange (Gaia significant updates, FedAvg averaging).
+
+An algorithm talks only through ``self.comm`` (geodml.comm.Comm); it never opens a socket or
+calls torch.distributed itself. Its state is one checkpointable object: hyper-parameters,
+internal state (tensors) and statistics (DESIGN.md style rule 5).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class FlatParams:
+    """All trainable parameters of a model as views into one contiguous buffer.
+
+    ``data`` holds the weights and ``grad`` the gradients; every ``p.data`` / ``p.grad`` of
+    the model is a view into them, so an algorithm works on one flat tensor with no per-step
+    allocation (DESIGN.md style rule 12) and autograd accumulates straight into ``grad``.
+    Buffers (BatchNorm running statistics) stay in the model; ``float_buffers`` lists them.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        params = [p for p in model.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("model has no trainable parameters")
+        ref = params[0]
+        self.numel = sum(p.numel() for p in params)
+        self.data = torch.zeros(self.numel, dtype=ref.dtype, device=ref.device)
+        self.grad = torch.zeros_like(self.data)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            self.data[offset:offset + n].copy_(p.detach().reshape(-1))
+            p.data = self.data[offset:offset + n].view_as(p)
+            p.grad = self.grad[offset:offset + n].view_as(p)
+            offset += n
+        self.params = params
+        self.float_buffers = [b for b in model.buffers() if b.is_floating_point()]
+
+    def zero_grad(self) -> None:
+        self.grad.zero_()
+
+    def check_views(self) -> None:
+        """Invariant: autograd still accumulates into our flat gradient (not a new tensor)."""
+        for p in self.params:
+            assert p.grad is not None and p.grad.data_ptr() >= self.grad.data_ptr(), "gradient view was replaced"
+
+
+class Algorithm:
+    """Base class: vanilla momentum SGD with no communication (one isolated partition).
+
+    Subclasses override one or more hooks. ``theta_name`` / ``theta_grid`` describe the
+    communication knob that SkewScout turns (T0, Iter_Local, E_warm), ordered from most to
+    least communication; ``None`` means the algorithm has no knob (BSP).
+    """
+
+    name = "base"
+    theta_name: str | None = None
+    theta_grid: tuple[float, ...] = ()
+
+    def __init__(self, *, flat: FlatParams, comm: Any, momentum: float, steps_per_epoch: int) -> None:
+        self.flat = flat
+        self.comm = comm
+        self.momentum = float(momentum)
+        self.steps_per_epoch = int(steps_per_epoch)
+        self.u = torch.zeros_like(flat.data)  # momentum buffer u^k (already scaled by -eta)
+
+    @classmethod
+    def from_config(cls, cfg: Any, *, flat: FlatParams, comm: Any, steps_per_epoch: int) -> "Algorithm":
+        """Build from a RunConfig; subclasses with hyper-parameters read their own fields."""
+        return cls(flat=flat, comm=comm, momentum=cfg.optim.momentum, steps_per_epoch=steps_per_epoch)
+
+    # ---- hooks -----------------------------------------------------------------------
+    def step(self, step: int, lr: float) -> None:
+        """One training step after backward: the three hooks in order."""
+        self.before_step(step, lr)
+        self.local_update(step, lr)
+        self.after_step(step, lr)
+
+    def before_step(self, step: int, lr: float) -> None:
+        """Gradient exchange on ``flat.grad`` (default: none)."""
+
+    def local_update(self, step: int, lr: float) -> None:
+        """u <- m*u - lr*grad; w <- w + u (Appendix A, vanilla momentum SGD)."""
+        self.u.mul_(self.momentum).add_(self.flat.grad, alpha=-lr)
+        self.flat.data.add_(self.u)
+
+    def after_step(self, step: int, lr: float) -> None:
+        """Parameter/update exchange (default: none)."""
+
+    def finish(self) -> None:
+        """Called once after the last step (e.g. FedAvg's final averaging)."""
+
+    # ---- what the trainer reads --------------------------------------------------------
+    @property
+    def models_agree(self) -> bool:
+        """True when every partition holds the same weights (the local model IS the global one)."""
+        return True
+
+    @property
+    def theta(self) -> float | None:
+        return None
+
+    @theta.setter
+    def theta(self, value: float | None) -> None:
+        if value is not None:
+            raise ValueError(f"{self.name} has no communication knob to set")
+
+    def stats(self) -> dict[str, float]:
+        """Per-step statistics for metrics.jsonl (numbers only)."""
+        return {}
+
+    # ---- checkpoint --------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"u": self.u.clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.u.copy_(state["u"])

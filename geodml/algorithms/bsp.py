@@ -1,0 +1,20 @@
+"""Bulk synchronous parallel (BSP) SGD: the communication-heavy quality target.
+
+Quagmire (Hsieh et al., ICML 2020) §2.1: "all updates from each P_k are shared among all
+data partitions after each training step". Every step the gradients of all K partitions are
+averaged with one all-reduce (charged as kind ``gradient`` under the ring cost model), and
+every partition applies the same momentum-SGD update, so all partitions hold one identical
+model. With equal minibatch sizes this equals single-process SGD on the union of the K
+minibatches (tests/test_bsp.py checks it).
+"""
+
+from __future__ import annotations
+
+from geodml.algorithms.base import Algorithm
+
+
+class BSP(Algorithm):
+    name = "bsp"
+
+    def before_step(self, step: int, lr: float) -> None:
+        self.comm.all_reduce(self.flat.grad, "gradient", average=True)

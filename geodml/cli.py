@@ -1,0 +1,155 @@
+"""Command line: flags (and an optional TOML file of defaults) -> RunConfig -> run.
+
+Thin on purpose (DESIGN.md style rule 10): parse, validate everything that can be validated
+before a process group exists, then hand over to geodml.run. Bad input prints one message
+(on rank 0 only, so torchrun's K processes don't repeat it) and exits with code 2 on every
+rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tomllib
+from pathlib import Path
+
+from geodml import __version__
+from geodml.config import (ALGOS, BACKENDS, DATASETS, LR_SCHEDULES, MODELS, NORMS, PARTITIONS, WAN_MODES,
+                           AlgoConfig, CommConfig, DataConfig, ModelConfig, OptimConfig, RunConfig)
+
+
+class UsageError(ValueError):
+    """Bad command-line input; the message is shown as-is."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse would print and exit on every rank
+        raise UsageError(message)
+
+
+def _float_list(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.replace(" ", "").split(",") if x)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers like 64,96, got {text!r}") from None
+
+
+# flag dest -> (RunConfig section or None for top level, field name)
+FIELD_OF: dict[str, tuple[str | None, str]] = {
+    "dataset": ("data", "dataset"), "data_dir": ("data", "data_dir"), "partition": ("data", "partition"),
+    "skew": ("data", "skew"), "alpha": ("data", "alpha"), "shards_per_partition": ("data", "shards_per_partition"),
+    "model": ("model", "model"), "norm": ("model", "norm"),
+    "epochs": ("optim", "epochs"), "batch_size": ("optim", "batch_size"), "lr": ("optim", "lr"),
+    "lr_schedule": ("optim", "lr_schedule"), "lr_milestones": ("optim", "lr_milestones"),
+    "poly_power": ("optim", "poly_power"), "momentum": ("optim", "momentum"), "weight_decay": ("optim", "weight_decay"),
+    "algo": ("algo", "algo"),
+    "topology": ("comm", "topology"), "wan": ("comm", "wan"), "wan_scale": ("comm", "wan_scale"),
+    "bind_host": ("comm", "bind_host"), "comm_timeout": ("comm", "timeout_s"),
+    "seed": (None, "seed"), "eval_every": (None, "eval_every"), "log_every": (None, "log_every"), "out": (None, "out"),
+    "backend": (None, "backend"), "threads": (None, "threads"), "progress": (None, "progress"),
+}
+SECTIONS = {"data": DataConfig, "model": ModelConfig, "optim": OptimConfig, "algo": AlgoConfig, "comm": CommConfig}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="geodml", description="Emulate decentralized, geo-distributed training over non-IID data. "
+                "Run one process per data partition: torchrun --nproc_per_node=K -m geodml [flags].",
+                formatter_class=argparse.ArgumentDefaultsHelpFormatter, argument_default=argparse.SUPPRESS)
+    p.add_argument("--version", action="version", version=f"geodml {__version__}")
+    p.add_argument("--config", metavar="FILE.toml", help="TOML file of flag defaults (keys are flag names); flags override it")
+    g = p.add_argument_group("algorithm")
+    g.add_argument("--algo", choices=ALGOS, help="decentralized learning algorithm (default bsp)")
+    g = p.add_argument_group("data")
+    g.add_argument("--dataset", choices=DATASETS, help="dataset (default digits, embedded)")
+    g.add_argument("--data-dir", help="dataset directory (fashion-mnist default: /usr/share/datasets/fashion-mnist)")
+    g.add_argument("--partition", choices=PARTITIONS, help="partitioner (default iid)")
+    g.add_argument("--skew", type=float, help="--partition label: fraction partitioned by label (default 1.0)")
+    g.add_argument("--alpha", type=float, help="--partition dirichlet: concentration (default 0.5)")
+    g.add_argument("--shards-per-partition", type=int, help="--partition shards: shards per partition (default 2)")
+    g = p.add_argument_group("model")
+    g.add_argument("--model", choices=MODELS, help="network (default lenet)")
+    g.add_argument("--norm", choices=NORMS, help="normalization: none, batch (BN), group (GN, group size 2) (default none)")
+    g = p.add_argument_group("optimization")
+    g.add_argument("--epochs", type=float, help="epochs (default 30)")
+    g.add_argument("--batch-size", type=int, help="minibatch size per partition (default 20)")
+    g.add_argument("--lr", type=float, help="initial learning rate (default 0.02)")
+    g.add_argument("--lr-schedule", choices=LR_SCHEDULES, help="step (divide by 10 at milestones) or poly (default step)")
+    g.add_argument("--lr-milestones", type=_float_list, help="epochs at which lr is divided by 10, e.g. 64,96")
+    g.add_argument("--poly-power", type=float, help="power of the poly schedule (default 1)")
+    g.add_argument("--momentum", type=float, help="momentum (default 0.9)")
+    g.add_argument("--weight-decay", type=float, help="L2 weight decay (default 0.0005)")
+    g = p.add_argument_group("WAN and communication")
+    g.add_argument("--topology", help="topology name (topologies/NAME.toml) or path; default: one region per rank")
+    g.add_argument("--wan", choices=WAN_MODES, help="off: count bytes; virtual: emulated clock; real: paced wall time (default virtual)")
+    g.add_argument("--wan-scale", type=float, help="multiply every link bandwidth (default 1)")
+    g.add_argument("--bind-host", help="address for this node's ZeroMQ socket (default: loopback single-node, hostname multi-node)")
+    g.add_argument("--comm-timeout", type=float, help="seconds to wait for a peer before failing (default 60)")
+    g = p.add_argument_group("run")
+    g.add_argument("--seed", type=int, help="seed of every generator (default 0)")
+    g.add_argument("--eval-every", type=int, help="validate the global model every N steps (default 100)")
+    g.add_argument("--log-every", type=int, help="write a metrics line every N steps (default 10)")
+    g.add_argument("--out", help="run directory (default runs/<timestamp>-<algo>)")
+    g.add_argument("--backend", choices=BACKENDS, help="torch.distributed backend (default auto: nccl with CUDA, else gloo)")
+    g.add_argument("--threads", type=int, help="torch threads per rank (default 1)")
+    g.add_argument("--no-progress", dest="progress", action="store_false", help="no live progress line")
+    return p
+
+
+def _load_toml(path: str, parser: argparse.ArgumentParser) -> dict:
+    try:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    except FileNotFoundError:
+        raise UsageError(f"--config: file not found: {path}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--config: {path} is not valid TOML: {exc}") from None
+    out = {}
+    for key, value in raw.items():
+        dest = key.replace("-", "_")
+        if dest not in FIELD_OF:
+            raise UsageError(f"--config: {path}: unknown key {key!r} (keys are flag names such as lr, algo, lr-milestones)")
+        if dest == "lr_milestones" and isinstance(value, list):
+            value = tuple(value)
+        out[dest] = value
+    return out
+
+
+def parse_config(argv: list[str] | None = None) -> RunConfig:
+    """Flags (over TOML defaults) -> validated RunConfig. Raises ValueError on bad input."""
+    parser = build_parser()
+    ns = vars(parser.parse_args(argv))
+    values = _load_toml(ns.pop("config"), parser) if "config" in ns else {}
+    values.update(ns)
+    kwargs: dict[str, dict] = {name: {} for name in SECTIONS}
+    top: dict = {}
+    for dest, value in values.items():
+        section, fld = FIELD_OF[dest]
+        (kwargs[section] if section else top)[fld] = value
+    try:
+        sections = {name: cls(**kwargs[name]) for name, cls in SECTIONS.items()}
+        return RunConfig(**sections, **top)
+    except TypeError as exc:  # wrong value type from a TOML file
+        raise UsageError(f"--config: a value has the wrong type: {exc}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    from geodml.runtime import Env
+    is_rank0 = os.environ.get("RANK", "0") == "0"
+    try:
+        env = Env.from_environ()
+        cfg = parse_config(argv)
+        from geodml.run import check_before_start
+        check_before_start(cfg, env)
+    except ValueError as exc:
+        if is_rank0:
+            print(f"geodml: error: {exc}", file=sys.stderr)
+            print("run 'python -m geodml --help' for the flags", file=sys.stderr)
+        return 2
+    from geodml.run import run
+    run(cfg, env)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""Run configuration: one keyword-only dataclass per component, checked in ``__post_init__``.
+
+The CLI only maps flags onto these classes (DESIGN.md style rule 3). Every check raises
+``ValueError`` whose message names the command-line flag, so the CLI can print it once and
+exit with code 2 before any process group exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+DATASETS = ("digits", "fashion-mnist", "mnist", "cifar10")
+PARTITIONS = ("iid", "label", "dirichlet", "shards")
+MODELS = ("lenet", "resnet20", "logreg", "mlp")
+NORMS = ("none", "batch", "group")
+MODEL_NORMS = {"lenet": ("none", "batch", "group"), "resnet20": ("batch", "group"), "logreg": ("none",), "mlp": ("none",)}
+ALGOS = ("bsp", "gaia", "dgc", "fedavg")
+BACKENDS = ("auto", "gloo", "nccl")
+WAN_MODES = ("off", "virtual", "real")
+LR_SCHEDULES = ("step", "poly")
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+def _finite(x: float) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    """What data each partition trains on and how it is split."""
+
+    dataset: str = "digits"
+    """Dataset name: digits (embedded), fashion-mnist, mnist, cifar10."""
+    data_dir: str | None = None
+    """Directory with the dataset files (fashion-mnist defaults to the Debian package's)."""
+    partition: str = "iid"
+    """Partitioner: iid, label (Quagmire x% non-IID), dirichlet (Hsu et al.), shards (McMahan)."""
+    skew: float = 1.0
+    """For --partition label: fraction of the data partitioned by label (1.0 = 100% non-IID)."""
+    alpha: float = 0.5
+    """For --partition dirichlet: concentration alpha of Dir(alpha * p)."""
+    shards_per_partition: int = 2
+    """For --partition shards: shards of sorted labels per partition (McMahan et al.: 2)."""
+
+    def __post_init__(self) -> None:
+        _check(self.dataset in DATASETS, f"--dataset: unknown dataset {self.dataset!r}; choose one of {', '.join(DATASETS)}")
+        _check(self.partition in PARTITIONS, f"--partition: unknown partitioner {self.partition!r}; choose one of {', '.join(PARTITIONS)}")
+        _check(_finite(self.skew) and 0.0 <= self.skew <= 1.0, f"--skew must be a fraction in [0, 1], got {self.skew!r}")
+        _check(_finite(self.alpha) and self.alpha > 0, f"--alpha must be > 0, got {self.alpha!r}")
+        _check(isinstance(self.shards_per_partition, int) and self.shards_per_partition >= 1,
+               f"--shards-per-partition must be an integer >= 1, got {self.shards_per_partition!r}")
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """Which network every partition trains."""
+
+    model: str = "lenet"
+    """Architecture: lenet (the paper's CIFAR LeNet), resnet20, logreg, mlp."""
+    norm: str = "none"
+    """Normalization layers: none, batch (BN-LeNet), group (GN-LeNet, group size 2)."""
+
+    def __post_init__(self) -> None:
+        _check(self.model in MODELS, f"--model: unknown model {self.model!r}; choose one of {', '.join(MODELS)}")
+        _check(self.norm in NORMS, f"--norm: unknown normalization {self.norm!r}; choose one of {', '.join(NORMS)}")
+        allowed = MODEL_NORMS[self.model]
+        _check(self.norm in allowed, f"--norm {self.norm} is not available for --model {self.model}; use --norm {' or --norm '.join(allowed)}")
+
+
+@dataclass(kw_only=True)
+class OptimConfig:
+    """Local momentum SGD and its learning-rate schedule (Quagmire Appendix C)."""
+
+    epochs: float = 30.0
+    """Training length in epochs (an epoch = total training set / (K * batch size) steps)."""
+    batch_size: int = 20
+    """Minibatch size per partition (the paper: 20)."""
+    lr: float = 0.02
+    """Initial learning rate eta_0."""
+    lr_schedule: str = "step"
+    """step: divide by 10 at each milestone epoch; poly: eta_0 * (1 - step/max_steps) ** power."""
+    lr_milestones: tuple[float, ...] = ()
+    """Epochs at which the step schedule divides the learning rate by 10 (paper: 64, 96 of 128)."""
+    poly_power: float = 1.0
+    """Power of the polynomial decay schedule."""
+    momentum: float = 0.9
+    """Momentum m of vanilla momentum SGD."""
+    weight_decay: float = 0.0005
+    """L2 weight decay added to the gradient."""
+
+    def __post_init__(self) -> None:
+        _check(_finite(self.epochs) and self.epochs > 0, f"--epochs must be > 0, got {self.epochs!r}")
+        _check(isinstance(self.batch_size, int) and self.batch_size >= 1, f"--batch-size must be an integer >= 1, got {self.batch_size!r}")
+        _check(_finite(self.lr) and self.lr > 0, f"--lr must be > 0, got {self.lr!r}")
+        _check(self.lr_schedule in LR_SCHEDULES, f"--lr-schedule: choose one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}")
+        ms = tuple(self.lr_milestones)
+        _check(all(_finite(m) and m > 0 for m in ms), f"--lr-milestones must be positive epochs, got {ms!r}")
+        _check(list(ms) == sorted(set(ms)), f"--lr-milestones must be strictly increasing, got {ms!r}")
+        self.lr_milestones = ms
+        _check(_finite(self.poly_power) and self.poly_power > 0, f"--poly-power must be > 0, got {self.poly_power!r}")
+        _check(_finite(self.momentum) and 0.0 <= self.momentum < 1.0, f"--momentum must be in [0, 1), got {self.momentum!r}")
+        _check(_finite(self.weight_decay) and self.weight_decay >= 0, f"--weight-decay must be >= 0, got {self.weight_decay!r}")
+
+
+@dataclass(kw_only=True)
+class AlgoConfig:
+    """Which decentralized learning algorithm runs and its communication knob."""
+
+    algo: str = "bsp"
+    """bsp, gaia, dgc or fedavg."""
+
+    def __post_init__(self) -> None:
+        _check(self.algo in ALGOS, f"--algo: unknown algorithm {self.algo!r}; choose one of {', '.join(ALGOS)}")
+
+
+@dataclass(kw_only=True)
+class CommConfig:
+    """Emulated WAN and peer transport."""
+
+    topology: str | None = None
+    """Topology name (a file in topologies/) or path; None: every rank is its own region, LAN links."""
+    wan: str = "virtual"
+    """off: count bytes; virtual: also advance an emulated clock; real: pace sends in wall time."""
+    wan_scale: float = 1.0
+    """Multiply every link bandwidth by this factor (run a slow WAN faster); reported."""
+    bind_host: str | None = None
+    """Address the ZeroMQ socket binds and advertises; default: 127.0.0.1 single-node, else this node's hostname."""
+    timeout_s: float = 60.0
+    """How long any wait on a peer may take before the run fails naming that peer."""
+
+    def __post_init__(self) -> None:
+        _check(self.wan in WAN_MODES, f"--wan: choose one of {', '.join(WAN_MODES)}, got {self.wan!r}")
+        _check(_finite(self.wan_scale) and self.wan_scale > 0, f"--wan-scale must be > 0, got {self.wan_scale!r}")
+        _check(_finite(self.timeout_s) and self.timeout_s > 0, f"--comm-timeout must be > 0 seconds, got {self.timeout_s!r}")
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    """Everything one run needs; identical on every rank."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    comm: CommConfig = field(default_factory=CommConfig)
+    seed: int = 0
+    """Seed of every generator (partitioning, init, minibatch order)."""
+    eval_every: int = 100
+    """Validate the global model on the whole test set every this many steps (and at the end)."""
+    out: str | None = None
+    """Run directory; default runs/<timestamp>-<algo>."""
+    backend: str = "auto"
+    """torch.distributed backend: auto (nccl if CUDA is available, else gloo), gloo, nccl."""
+    threads: int = 1
+    """torch intra-op threads per rank (1: two threads per rank collapse under contention)."""
+    log_every: int = 10
+    """Write a metrics.jsonl line (averaged over partitions) every this many steps."""
+    progress: bool = True
+    """Rank 0 prints live progress."""
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.seed, int) and self.seed >= 0, f"--seed must be a non-negative integer, got {self.seed!r}")
+        _check(isinstance(self.eval_every, int) and self.eval_every >= 1, f"--eval-every must be an integer >= 1, got {self.eval_every!r}")
+        _check(isinstance(self.log_every, int) and self.log_every >= 1, f"--log-every must be an integer >= 1, got {self.log_every!r}")
+        _check(self.backend in BACKENDS, f"--backend: choose one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        _check(isinstance(self.threads, int) and self.threads >= 1, f"--threads must be an integer >= 1, got {self.threads!r}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)

@@ -1,0 +1,159 @@
+"""One run, end to end (DESIGN.md "How a run flows"): build every component, train, write
+the run directory, and close everything in ``finally``.
+
+Run directory contract: config.json, partitions.json, metrics.jsonl, summary.json, model.pt
+(the global model), rank<k>/model.pt (each partition's own model).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from geodml import __version__
+from geodml.config import RunConfig
+from geodml.runtime import Env
+
+
+def check_before_start(cfg: RunConfig, env: Env) -> None:
+    """Everything that can be checked before a process group exists (raises ValueError)."""
+    from geodml.comm.wan import load_topology
+    from geodml.data.datasets import check_dataset_available
+    from geodml.runtime import resolve_backend
+
+    resolve_backend(cfg.backend)
+    check_dataset_available(cfg.data.dataset, cfg.data.data_dir)
+    load_topology(cfg.comm.topology).placement(env.world_size)
+    if cfg.out is not None:
+        out = Path(cfg.out)
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"--out {out} exists and is not a directory")
+        if (out / "summary.json").exists():
+            raise ValueError(f"--out {out} already holds a finished run (summary.json); choose another --out or remove it")
+
+
+def _write_json(path: Path, obj) -> None:
+    """Write atomically (temp file + rename): a crash never leaves a half-written file."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def _save_torch(path: Path, obj) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def run(cfg: RunConfig, env: Env) -> dict | None:
+    """Train one partition per process; returns the summary on rank 0 (None elsewhere)."""
+    from geodml.algorithms import FlatParams, build_algorithm
+    from geodml.comm import build_comm
+    from geodml.data.datasets import load_dataset
+    from geodml.data.partition import format_partition_table, make_partitioner, partition_report
+    from geodml.metrics.sinks import ConsoleProgress, JsonlSink, MultiSink, Sink
+    from geodml.models import build_model, count_parameters
+    from geodml.runtime import (agree_on_out_dir, destroy_process_group, init_process_group, resolve_backend,
+                                seed_everything)
+    from geodml.trainer import Trainer, steps_per_epoch
+
+    wall_t0 = time.monotonic()
+    torch.set_num_threads(cfg.threads)
+    backend = resolve_backend(cfg.backend)
+    rank, world = env.rank, env.world_size
+    is0 = rank == 0
+    comm = None
+    sink: Sink = Sink()
+    try:
+        device = init_process_group(env, backend, cfg.comm.timeout_s)
+        seed_everything(cfg.seed, rank)
+        out = agree_on_out_dir(env, cfg.out, cfg.algo.algo)
+        comm = build_comm(cfg.comm, rank=rank, world_size=world)
+
+        # Data: every rank computes ALL partitions from the seed and keeps its own.
+        ds = load_dataset(cfg.data.dataset, cfg.data.data_dir, seed=cfg.seed)
+        labels = ds.train_y.numpy()
+        parts = make_partitioner(cfg.data).split(labels, world, np.random.default_rng([cfg.seed, 0xDA7A]))
+        report = partition_report(labels, parts, ds.num_classes)
+
+        model = build_model(cfg.model.model, cfg.model.norm, ds.input_shape, ds.num_classes,
+                            generator_seed=cfg.seed).to(device)
+        flat = FlatParams(model)
+        spe = steps_per_epoch(len(labels), world, cfg.optim.batch_size)
+        total_steps = max(1, round(cfg.optim.epochs * spe))
+        algo = build_algorithm(cfg, flat=flat, comm=comm, steps_per_epoch=spe)
+
+        if is0:
+            (out / f"rank{rank}").mkdir(parents=True, exist_ok=True)
+            config_doc = {"version": __version__, "world_size": world, "backend": backend, "config": cfg.to_dict(),
+                          "region_of_rank": comm.region_of_rank, "parameters": count_parameters(model),
+                          "steps_per_epoch": spe, "total_steps": total_steps,
+                          "topology": getattr(getattr(comm, "topology", None), "to_dict", lambda: None)()}
+            _write_json(out / "config.json", config_doc)
+            _write_json(out / "partitions.json", report)
+            print(f"geodml {__version__}: {cfg.algo.algo} on {cfg.data.dataset}, K={world} partitions "
+                  f"({cfg.data.partition}), {cfg.model.model}/{cfg.model.norm} with {count_parameters(model):,} "
+                  f"parameters, {total_steps} steps ({spe}/epoch), backend {backend}, wan {cfg.comm.wan}")
+            print(format_partition_table(report), flush=True)
+            sinks: list[Sink] = [JsonlSink(out / "metrics.jsonl")]
+            if cfg.progress:
+                sinks.append(ConsoleProgress(total_steps))
+            sink = MultiSink(sinks)
+        (out / f"rank{rank}").mkdir(parents=True, exist_ok=True)
+
+        to = dict(device=device)
+        trainer = Trainer(rank=rank, world_size=world, model=model, flat=flat, algo=algo, comm=comm, optim=cfg.optim,
+                          train_x=ds.train_x.to(**to), train_y=ds.train_y.to(**to), test_x=ds.test_x.to(**to),
+                          test_y=ds.test_y.to(**to), local_indices=parts[rank], seed=cfg.seed, total_steps=total_steps,
+                          spe=spe, eval_every=cfg.eval_every, log_every=cfg.log_every, sink=sink)
+        result = trainer.run()
+        sink.close()
+
+        # Totals (uncharged bookkeeping) and the run directory.
+        global_sd = trainer.global_state_dict()
+        rows = [r for rank_rows in comm.meta_all_gather_object(comm.ledger.rows()) for r in rank_rows]
+        emulated = max(comm.meta_all_gather_object(float(getattr(comm, "emulated_s", 0.0))))
+        _save_torch(out / f"rank{rank}" / "model.pt", {k: v.detach().cpu() for k, v in model.state_dict().items()})
+        if not is0:
+            return None
+        from geodml.comm.ledger import Ledger
+        final = result["final"]
+        summary = {
+            "algo": cfg.algo.algo,
+            "final_val_accuracy": final["val_accuracy"],
+            "final_model": "global" if algo.models_agree else "average_of_weights",
+            "per_rank_val_accuracy": result["per_rank_val_accuracy"],
+            "final_val_loss": final["val_loss"],
+            "final_train_loss": final["train_loss"],
+            **Ledger.summarize(rows),
+            "emulated_seconds": emulated,
+            "wall_seconds": time.monotonic() - wall_t0,
+            "steps": trainer.state.step,
+            "epochs": trainer.state.step / spe,
+            "theta_final": algo.theta,
+            "world_size": world,
+            "dataset": cfg.data.dataset,
+            "partition": cfg.data.partition,
+            "skew": cfg.data.skew if cfg.data.partition == "label" else None,
+            "model": f"{cfg.model.model}/{cfg.model.norm}",
+        }
+        _save_torch(out / "model.pt", global_sd)
+        _write_json(out / "summary.json", summary)
+        from geodml.metrics.sinks import human_bytes
+        print(f"done: final val accuracy {summary['final_val_accuracy']:.4f} ({summary['final_model']} model; "
+              f"per partition {', '.join(f'{a:.3f}' for a in summary['per_rank_val_accuracy'])}), "
+              f"WAN bytes {human_bytes(summary['wan_bytes_total'])} ({summary['wan_bytes_total']:,} B), "
+              f"emulated {summary['emulated_seconds']:.1f} s, wall {summary['wall_seconds']:.1f} s\n"
+              f"run directory: {out}", flush=True)
+        return summary
+    finally:
+        sink.close()
+        if comm is not None:
+            comm.close()
+        destroy_process_group()

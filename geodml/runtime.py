@@ -1,0 +1,94 @@
+"""Process runtime: torchrun environment, process group, device, seeding, run directory.
+
+Works under ``torchrun`` (RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT in the
+environment) and as a plain ``python -m geodml`` (a one-process world with an in-memory
+store). ``--backend auto`` picks NCCL when CUDA is available (one GPU per local rank) and
+gloo otherwise.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Env:
+    """What torchrun told this process (a one-process world outside torchrun)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    under_torchrun: bool
+
+    @classmethod
+    def from_environ(cls) -> "Env":
+        e = os.environ
+        if "RANK" not in e or "WORLD_SIZE" not in e:
+            return cls(0, 1, 0, 1, False)
+        try:
+            rank, world = int(e["RANK"]), int(e["WORLD_SIZE"])
+            local_rank = int(e.get("LOCAL_RANK", rank))
+            local_world = int(e.get("LOCAL_WORLD_SIZE", world))
+        except ValueError as exc:
+            raise ValueError(f"malformed torchrun environment (RANK/WORLD_SIZE/LOCAL_RANK must be integers): {exc}") from None
+        if not (0 <= rank < world):
+            raise ValueError(f"malformed torchrun environment: RANK={rank} not in [0, WORLD_SIZE={world})")
+        return cls(rank, world, local_rank, local_world, True)
+
+
+def resolve_backend(requested: str) -> str:
+    """auto -> nccl when CUDA is available, else gloo. nccl without CUDA is a user error."""
+    cuda = torch.cuda.is_available()
+    if requested == "auto":
+        return "nccl" if cuda else "gloo"
+    if requested == "nccl" and not cuda:
+        raise ValueError("--backend nccl needs CUDA, but torch.cuda.is_available() is False; use --backend gloo or auto")
+    return requested
+
+
+def init_process_group(env: Env, backend: str, timeout_s: float) -> torch.device:
+    """Create the default process group; return this rank's device."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if backend == "nccl":
+        device = torch.device("cuda", env.local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if env.under_torchrun:
+        dist.init_process_group(backend, rank=env.rank, world_size=env.world_size, timeout=timeout)
+    else:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    return device
+
+
+def default_out_dir(algo: str) -> str:
+    return str(Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{algo}")
+
+
+def agree_on_out_dir(env: Env, out: str | None, algo: str) -> Path:
+    """Rank 0 picks the run directory (its clock names the default); every rank gets it."""
+    obj = [out or default_out_dir(algo)]
+    if env.world_size > 1:
+        dist.broadcast_object_list(obj, src=0)
+    return Path(obj[0])
+
+
+def seed_everything(seed: int, rank: int) -> None:
+    """Seed torch's global generator per rank for anything we don't own (cuDNN picks etc.).
+
+    geodml's own randomness (partitioning, init, minibatch order) uses explicit generators.
+    """
+    torch.manual_seed(seed * 1_000_003 + rank)
+
+
+def destroy_process_group() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

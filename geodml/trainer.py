@@ -1,0 +1,240 @@
+"""The per-partition training loop (DESIGN.md "How a run flows", steps 5-6).
+
+Every process trains on its own partition with vanilla momentum SGD; the algorithm's hooks
+do all communication. One epoch is ``ceil(N_train / (K * batch_size))`` steps on every rank
+(so BSP-style lock-step algorithms agree on the step count whatever the partition sizes);
+each partition walks its own data in a seeded random order and reshuffles when it runs out.
+
+The *global model* evaluated on the whole test set is the average of the partitions'
+weights (identical to every partition's weights for BSP, DGC and FedAvg after averaging)
+with the average of their BatchNorm running statistics. Evaluation, metric averaging and the
+end-of-run totals go through the Comm layer's uncharged ``meta_*`` collectives: they are the
+emulator's bookkeeping, not traffic of the emulated system.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from geodml.algorithms.base import Algorithm, FlatParams
+from geodml.config import OptimConfig
+from geodml.metrics.sinks import Sink
+
+
+class BatchSampler:
+    """Seeded minibatch order over one partition: a fresh permutation per pass, wrap-around.
+
+    Pure function of (indices, batch_size, seed, rank): tests recompute the exact sequence.
+    """
+
+    def __init__(self, indices: np.ndarray, batch_size: int, seed: int, rank: int) -> None:
+        if len(indices) == 0:
+            raise ValueError(f"partition of rank {rank} is empty; use fewer partitions or another --partition")
+        self.indices = np.asarray(indices, dtype=np.int64)
+        self.batch_size = batch_size
+        self.rng = np.random.default_rng([seed, rank, 0x5A3])
+        self.order = self.rng.permutation(self.indices)
+        self.pos = 0
+        self.out = np.empty(batch_size, dtype=np.int64)
+
+    def next(self) -> np.ndarray:
+        filled = 0
+        while filled < self.batch_size:
+            if self.pos == len(self.order):
+                self.order = self.rng.permutation(self.indices)
+                self.pos = 0
+            take = min(self.batch_size - filled, len(self.order) - self.pos)
+            self.out[filled:filled + take] = self.order[self.pos:self.pos + take]
+            filled += take
+            self.pos += take
+        return self.out
+
+    def state_dict(self) -> dict:
+        return {"rng": self.rng.bit_generator.state, "order": self.order.copy(), "pos": self.pos}
+
+    def load_state_dict(self, s: dict) -> None:
+        self.rng.bit_generator.state = s["rng"]
+        self.order = np.asarray(s["order"], dtype=np.int64)
+        self.pos = int(s["pos"])
+
+
+def steps_per_epoch(num_train: int, world_size: int, batch_size: int) -> int:
+    return max(1, math.ceil(num_train / (world_size * batch_size)))
+
+
+def learning_rate(cfg: OptimConfig, step: int, spe: int, total_steps: int) -> float:
+    """Step schedule: divide by 10 at each milestone epoch. Poly: eta0 * (1 - step/total)**power."""
+    if cfg.lr_schedule == "poly":
+        return cfg.lr * max(0.0, 1.0 - step / total_steps) ** cfg.poly_power
+    epoch = step / spe
+    drops = sum(1 for m in cfg.lr_milestones if epoch >= m)
+    return cfg.lr * (0.1 ** drops)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 1000) -> tuple[int, float]:
+    """(correct count, summed loss) of ``model`` in eval mode on (x, y)."""
+    was_training = model.training
+    model.eval()
+    correct, loss_sum = 0, 0.0
+    for i in range(0, len(y), batch):
+        logits = model(x[i:i + batch])
+        correct += int((logits.argmax(1) == y[i:i + batch]).sum())
+        loss_sum += float(F.cross_entropy(logits, y[i:i + batch], reduction="sum"))
+    model.train(was_training)
+    return correct, loss_sum
+
+
+@dataclass
+class TrainState:
+    step: int = 0
+    loss_sum: float = 0.0
+    loss_count: int = 0
+    correct: int = 0
+    seen: int = 0
+    history: list = field(default_factory=list)
+
+
+class Trainer:
+    """Runs one partition's loop; rank 0 also writes the metrics sinks."""
+
+    def __init__(self, *, rank: int, world_size: int, model: nn.Module, flat: FlatParams, algo: Algorithm, comm: Any,
+                 optim: OptimConfig, train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor,
+                 test_y: torch.Tensor, local_indices: np.ndarray, seed: int, total_steps: int, spe: int,
+                 eval_every: int, log_every: int, sink: Sink) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.model, self.flat, self.algo, self.comm, self.optim = model, flat, algo, comm, optim
+        self.train_x, self.train_y, self.test_x, self.test_y = train_x, train_y, test_x, test_y
+        self.sampler = BatchSampler(local_indices, optim.batch_size, seed, rank)
+        self.total_steps, self.spe = total_steps, spe
+        self.eval_every, self.log_every = eval_every, log_every
+        self.sink = sink
+        self.state = TrainState()
+        device = flat.data.device
+        # Preallocated minibatch buffers (no per-step tensor churn).
+        self.xb = torch.empty((optim.batch_size, *train_x.shape[1:]), dtype=train_x.dtype, device=device)
+        self.yb = torch.empty(optim.batch_size, dtype=train_y.dtype, device=device)
+        self.idx = torch.empty(optim.batch_size, dtype=torch.int64)
+        # Scratch for the averaged global model (swap in, evaluate, swap back).
+        self._backup = torch.empty_like(flat.data)
+        self._buf_backup = [torch.empty_like(b) for b in flat.float_buffers]
+        self.shard = slice(rank, None, world_size)
+        self.wall_t0 = time.monotonic()
+
+    # ---- the loop ----------------------------------------------------------------------
+    def train_step(self, step: int) -> float:
+        lr = learning_rate(self.optim, step, self.spe, self.total_steps)
+        self.idx.copy_(torch.from_numpy(self.sampler.next()))
+        torch.index_select(self.train_x, 0, self.idx, out=self.xb)
+        torch.index_select(self.train_y, 0, self.idx, out=self.yb)
+        t0 = time.perf_counter()
+        logits = self.model(self.xb)
+        loss = F.cross_entropy(logits, self.yb)
+        self.flat.zero_grad()
+        loss.backward()
+        if self.optim.weight_decay:
+            self.flat.grad.add_(self.flat.data, alpha=self.optim.weight_decay)
+        if hasattr(self.comm, "advance_compute"):
+            self.comm.advance_compute(time.perf_counter() - t0)
+        self.algo.step(step, lr)
+        s = self.state
+        s.loss_sum += float(loss.detach())
+        s.loss_count += 1
+        s.correct += int((logits.detach().argmax(1) == self.yb).sum())
+        s.seen += len(self.yb)
+        return lr
+
+    def run(self) -> dict:
+        self.model.train()
+        s = self.state
+        lr = self.optim.lr
+        while s.step < self.total_steps:
+            lr = self.train_step(s.step)
+            s.step += 1
+            last = s.step == self.total_steps
+            do_eval = s.step % self.eval_every == 0 or last
+            if do_eval or s.step % self.log_every == 0:
+                self._log(lr, with_eval=do_eval and not last)
+        self.algo.finish()
+        return self._finish(lr)
+
+    # ---- metrics -----------------------------------------------------------------------
+    def _emulated_s(self) -> float:
+        return float(getattr(self.comm, "emulated_s", 0.0))
+
+    def _log(self, lr: float, *, with_eval: bool) -> dict:
+        s = self.state
+        local = torch.tensor([s.loss_sum, float(s.loss_count), float(s.correct), float(s.seen),
+                              float(self.comm.ledger.wan_bytes)], dtype=torch.float64)
+        self.comm.meta_all_reduce(local)
+        emu = max(self.comm.meta_all_gather_object(self._emulated_s()))
+        rec = {
+            "step": s.step,
+            "epoch": s.step / self.spe,
+            "emulated_s": emu,
+            "wall_s": time.monotonic() - self.wall_t0,
+            "train_loss": float(local[0] / max(local[1], 1)),
+            "train_accuracy": float(local[2] / max(local[3], 1)),
+            "lr": lr,
+            "wan_bytes_total": int(local[4]),
+        }
+        rec.update(self.algo.stats())
+        if with_eval:
+            rec["val_accuracy"], rec["val_loss"] = self.evaluate_global()
+        s.loss_sum = s.loss_count = s.correct = s.seen = 0
+        self.sink.log(rec)
+        s.history.append(rec)
+        return rec
+
+    def _swap_in_global(self) -> None:
+        """Replace local weights/buffers by the partitions' average (uncharged bookkeeping)."""
+        k = self.world_size
+        if not self.algo.models_agree:
+            self._backup.copy_(self.flat.data)
+            self.comm.meta_all_reduce(self.flat.data)
+            self.flat.data.div_(k)
+        for b, bk in zip(self.flat.float_buffers, self._buf_backup):
+            bk.copy_(b)
+            self.comm.meta_all_reduce(b)
+            b.div_(k)
+
+    def _swap_out_global(self) -> None:
+        if not self.algo.models_agree:
+            self.flat.data.copy_(self._backup)
+        for b, bk in zip(self.flat.float_buffers, self._buf_backup):
+            b.copy_(bk)
+
+    def evaluate_global(self) -> tuple[float, float]:
+        """Accuracy and loss of the global model on the whole test set (sharded over ranks)."""
+        self._swap_in_global()
+        try:
+            correct, loss_sum = evaluate(self.model, self.test_x[self.shard], self.test_y[self.shard])
+        finally:
+            self._swap_out_global()
+        t = torch.tensor([float(correct), loss_sum], dtype=torch.float64)
+        self.comm.meta_all_reduce(t)
+        n = len(self.test_y)
+        return float(t[0] / n), float(t[1] / n)
+
+    def global_state_dict(self) -> dict:
+        """The global model's state_dict (call on every rank: it uses collectives)."""
+        self._swap_in_global()
+        try:
+            return {k: v.detach().clone().cpu() for k, v in self.model.state_dict().items()}
+        finally:
+            self._swap_out_global()
+
+    def _finish(self, lr: float) -> dict:
+        final = self._log(lr, with_eval=True)
+        own_correct, _ = evaluate(self.model, self.test_x, self.test_y)
+        per_rank = self.comm.meta_all_gather_object(own_correct / len(self.test_y))
+        return {"final": final, "per_rank_val_accuracy": per_rank}
