@@ -43,7 +43,12 @@ FIELD_OF: dict[str, tuple[str | None, str]] = {
     "epochs": ("optim", "epochs"), "batch_size": ("optim", "batch_size"), "lr": ("optim", "lr"),
     "lr_schedule": ("optim", "lr_schedule"), "lr_milestones": ("optim", "lr_milestones"),
     "poly_power": ("optim", "poly_power"), "momentum": ("optim", "momentum"), "weight_decay": ("optim", "weight_decay"),
-    "algo": ("algo", "algo"),
+    "algo": ("algo", "algo"), "t0": ("algo", "t0"), "sparsity": ("algo", "sparsity"), "e_warm": ("algo", "e_warm"),
+    "clip_norm": ("algo", "clip_norm"), "dgc_sample_ratio": ("algo", "dgc_sample_ratio"),
+    "iter_local": ("algo", "iter_local"), "reset_momentum": ("algo", "reset_momentum"),
+    "client_fraction": ("algo", "client_fraction"), "server_momentum": ("algo", "server_momentum"),
+    "server_lr": ("algo", "server_lr"), "server_nesterov": ("algo", "server_nesterov"), "prox_mu": ("algo", "prox_mu"),
+    "fedir": ("algo", "fedir"), "virtual_client_size": ("algo", "virtual_client_size"), "iwds": ("algo", "iwds"),
     "topology": ("comm", "topology"), "wan": ("comm", "wan"), "wan_scale": ("comm", "wan_scale"),
     "bind_host": ("comm", "bind_host"), "comm_timeout": ("comm", "timeout_s"),
     "seed": (None, "seed"), "eval_every": (None, "eval_every"), "log_every": (None, "log_every"), "out": (None, "out"),
@@ -60,6 +65,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", metavar="FILE.toml", help="TOML file of flag defaults (keys are flag names); flags override it")
     g = p.add_argument_group("algorithm")
     g.add_argument("--algo", choices=ALGOS, help="decentralized learning algorithm (default bsp)")
+    g.add_argument("--t0", type=float, help="gaia: initial significance threshold, 0.1 = 10%% (default 0.1)")
+    g.add_argument("--sparsity", type=float, help="dgc: final update sparsity (default 0.999)")
+    g.add_argument("--e-warm", type=float, help="dgc: epochs per sparsity warm-up stage (default 4)")
+    g.add_argument("--clip-norm", type=float, help="dgc: local gradient clipping L2 threshold (default off)")
+    g.add_argument("--dgc-sample-ratio", type=float, help="dgc: sampled fraction for the threshold estimate (default 0.01)")
+    g.add_argument("--iter-local", type=int, help="fedavg: local iterations per round (default 20)")
+    g.add_argument("--reset-momentum", action="store_true", help="fedavg: reset local momentum every round")
+    g.add_argument("--client-fraction", type=float, help="fedavg: fraction of partitions per round (default 1.0)")
+    g.add_argument("--server-momentum", type=float, help="fedavg: FedAvgM server momentum beta (default 0)")
+    g.add_argument("--server-lr", type=float, help="fedavg: FedAvgM server learning rate (default 1)")
+    g.add_argument("--server-nesterov", action="store_true", help="fedavg: Nesterov server momentum")
+    g.add_argument("--prox-mu", type=float, help="fedavg: FedProx proximal weight mu (default 0)")
+    g.add_argument("--fedir", action="store_true", help="fedavg: FedIR importance reweighting")
+    g.add_argument("--virtual-client-size", type=int, help="fedavg: FedVC examples per client per round (default off)")
+    g.add_argument("--iwds", type=_float_list, help="fedavg: IWDS schedule beta0,beta_m,rho (default off)")
     g = p.add_argument_group("data")
     g.add_argument("--dataset", choices=DATASETS, help="dataset (default digits, embedded)")
     g.add_argument("--data-dir", help="dataset directory (fashion-mnist default: /usr/share/datasets/fashion-mnist)")
@@ -109,18 +129,33 @@ def _load_toml(path: str, parser: argparse.ArgumentParser) -> dict:
         dest = key.replace("-", "_")
         if dest not in FIELD_OF:
             raise UsageError(f"--config: {path}: unknown key {key!r} (keys are flag names such as lr, algo, lr-milestones)")
-        if dest == "lr_milestones" and isinstance(value, list):
+        if dest in ("lr_milestones", "iwds") and isinstance(value, list):
             value = tuple(value)
         out[dest] = value
     return out
 
 
-def parse_config(argv: list[str] | None = None) -> RunConfig:
+# flags that only mean something for some algorithms (DESIGN.md style rule 4: warn when a setting does nothing)
+ALGO_ONLY = {"t0": ("gaia",), "sparsity": ("dgc",), "e_warm": ("dgc",), "clip_norm": ("dgc",), "dgc_sample_ratio": ("dgc",),
+             "iter_local": ("fedavg",), "reset_momentum": ("fedavg",), "client_fraction": ("fedavg",),
+             "server_momentum": ("fedavg",), "server_lr": ("fedavg",), "server_nesterov": ("fedavg",),
+             "prox_mu": ("fedavg",), "fedir": ("fedavg",), "virtual_client_size": ("fedavg",), "iwds": ("fedavg",)}
+
+
+def ignored_settings(values: dict, algo: str) -> list[str]:
+    """Flags given that have no effect with ``algo`` (to warn about, not to fail)."""
+    return [f"--{d.replace('_', '-')}" for d in values if d in ALGO_ONLY and algo not in ALGO_ONLY[d]]
+
+
+def parse_config(argv: list[str] | None = None, *, warn=None) -> RunConfig:
     """Flags (over TOML defaults) -> validated RunConfig. Raises ValueError on bad input."""
     parser = build_parser()
     ns = vars(parser.parse_args(argv))
     values = _load_toml(ns.pop("config"), parser) if "config" in ns else {}
     values.update(ns)
+    ignored = ignored_settings(values, values.get("algo", "bsp"))
+    if ignored and warn is not None:
+        warn(f"geodml: warning: {', '.join(ignored)} has no effect with --algo {values.get('algo', 'bsp')}")
     kwargs: dict[str, dict] = {name: {} for name in SECTIONS}
     top: dict = {}
     for dest, value in values.items():
@@ -138,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     is_rank0 = os.environ.get("RANK", "0") == "0"
     try:
         env = Env.from_environ()
-        cfg = parse_config(argv)
+        cfg = parse_config(argv, warn=(lambda m: print(m, file=sys.stderr)) if is_rank0 else None)
         from geodml.run import check_before_start
         check_before_start(cfg, env)
     except ValueError as exc:

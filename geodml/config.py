@@ -110,13 +110,69 @@ class OptimConfig:
 
 @dataclass(kw_only=True)
 class AlgoConfig:
-    """Which decentralized learning algorithm runs and its communication knob."""
+    """Which decentralized learning algorithm runs and its hyper-parameters (Quagmire Appendix A)."""
 
     algo: str = "bsp"
     """bsp, gaia, dgc or fedavg."""
+    # Gaia (Algorithm 1)
+    t0: float = 0.1
+    """Gaia: initial significance threshold T0 (0.1 = 10%); T_t = T0 * lr_t / lr_0."""
+    # DeepGradientCompression (Algorithm 3)
+    sparsity: float = 0.999
+    """DGC: final update sparsity s (0.999 = send the top 0.1%)."""
+    e_warm: float = 4.0
+    """DGC: epochs per sparsity warm-up stage (75%, 93.75%, 98.4375%, 99.6%, then --sparsity); 0 disables warm-up."""
+    clip_norm: float | None = None
+    """DGC: local gradient-clipping threshold on the L2 norm (None: no clipping)."""
+    dgc_sample_ratio: float = 0.01
+    """DGC: fraction of elements sampled to estimate the top-s threshold."""
+    # FederatedAveraging (Algorithm 2) and variants
+    iter_local: int = 20
+    """FedAvg: local iterations between model averages (Iter_Local)."""
+    reset_momentum: bool = False
+    """FedAvg: reset the local momentum buffer every round (Algorithm 2 keeps it)."""
+    client_fraction: float = 1.0
+    """FedAvg: fraction of partitions selected each round (seeded, identical on every rank)."""
+    server_momentum: float = 0.0
+    """FedAvgM (Hsu et al. 2019): server momentum beta (0 = plain FedAvg)."""
+    server_lr: float = 1.0
+    """FedAvgM: server learning rate."""
+    server_nesterov: bool = False
+    """FedAvgM: Nesterov server momentum."""
+    prox_mu: float = 0.0
+    """FedProx (Li et al. 2020): proximal term weight mu (0 = off)."""
+    fedir: bool = False
+    """FedIR (Hsu et al. 2020): importance weights p(y)/q_k(y) on each partition's loss."""
+    virtual_client_size: int = 0
+    """FedVC (Hsu et al. 2020): examples per selected partition per round (0 = off)."""
+    iwds: tuple[float, ...] | None = None
+    """IWDS: (beta0, beta_m, rho) of the per-sample weight schedule (None = off)."""
 
     def __post_init__(self) -> None:
         _check(self.algo in ALGOS, f"--algo: unknown algorithm {self.algo!r}; choose one of {', '.join(ALGOS)}")
+        _check(_finite(self.t0) and self.t0 >= 0, f"--t0 must be >= 0 (a fraction, 0.1 = 10%), got {self.t0!r}")
+        _check(_finite(self.sparsity) and 0.0 <= self.sparsity < 1.0, f"--sparsity must be in [0, 1), got {self.sparsity!r}")
+        _check(_finite(self.e_warm) and self.e_warm >= 0, f"--e-warm must be >= 0 epochs, got {self.e_warm!r}")
+        _check(self.clip_norm is None or (_finite(self.clip_norm) and self.clip_norm > 0),
+               f"--clip-norm must be > 0, got {self.clip_norm!r}")
+        _check(_finite(self.dgc_sample_ratio) and 0 < self.dgc_sample_ratio <= 1,
+               f"--dgc-sample-ratio must be in (0, 1], got {self.dgc_sample_ratio!r}")
+        _check(isinstance(self.iter_local, int) and self.iter_local >= 1, f"--iter-local must be an integer >= 1, got {self.iter_local!r}")
+        _check(_finite(self.client_fraction) and 0 < self.client_fraction <= 1,
+               f"--client-fraction must be in (0, 1], got {self.client_fraction!r}")
+        _check(_finite(self.server_momentum) and 0 <= self.server_momentum < 1,
+               f"--server-momentum must be in [0, 1), got {self.server_momentum!r}")
+        _check(_finite(self.server_lr) and self.server_lr > 0, f"--server-lr must be > 0, got {self.server_lr!r}")
+        _check(_finite(self.prox_mu) and self.prox_mu >= 0, f"--prox-mu must be >= 0, got {self.prox_mu!r}")
+        _check(isinstance(self.virtual_client_size, int) and self.virtual_client_size >= 0,
+               f"--virtual-client-size must be an integer >= 0, got {self.virtual_client_size!r}")
+        if self.iwds is not None:
+            self.iwds = tuple(self.iwds)
+            _check(len(self.iwds) == 3 and all(_finite(b) for b in self.iwds),
+                   f"--iwds takes three numbers beta0,beta_m,rho, got {self.iwds!r}")
+            b0, bm, rho = self.iwds
+            _check(0 <= b0 < 1 and 0 <= bm < 1 and 0 < rho <= 1,
+                   f"--iwds: need 0 <= beta0, beta_m < 1 and 0 < rho <= 1, got {self.iwds!r}")
 
 
 @dataclass(kw_only=True)

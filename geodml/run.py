@@ -53,7 +53,7 @@ def _save_torch(path: Path, obj) -> None:
 
 def run(cfg: RunConfig, env: Env) -> dict | None:
     """Train one partition per process; returns the summary on rank 0 (None elsewhere)."""
-    from geodml.algorithms import FlatParams, build_algorithm
+    from geodml.algorithms import AlgoContext, FlatParams, build_algorithm
     from geodml.comm import build_comm
     from geodml.data.datasets import load_dataset
     from geodml.data.partition import format_partition_table, make_partitioner, partition_report
@@ -87,7 +87,9 @@ def run(cfg: RunConfig, env: Env) -> dict | None:
         flat = FlatParams(model)
         spe = steps_per_epoch(len(labels), world, cfg.optim.batch_size)
         total_steps = max(1, round(cfg.optim.epochs * spe))
-        algo = build_algorithm(cfg, flat=flat, comm=comm, steps_per_epoch=spe)
+        ctx = AlgoContext(rank=rank, world_size=world, seed=cfg.seed, steps_per_epoch=spe, total_steps=total_steps,
+                          batch_size=cfg.optim.batch_size, label_counts=np.asarray(report["label_counts"], dtype=np.int64))
+        algo = build_algorithm(cfg, flat=flat, comm=comm, ctx=ctx)
 
         if is0:
             (out / f"rank{rank}").mkdir(parents=True, exist_ok=True)

@@ -133,12 +133,20 @@ class Trainer:
     # ---- the loop ----------------------------------------------------------------------
     def train_step(self, step: int) -> float:
         lr = learning_rate(self.optim, step, self.spe, self.total_steps)
-        self.idx.copy_(torch.from_numpy(self.sampler.next()))
+        if not self.algo.computes(step):
+            self.flat.zero_grad()
+            self.algo.step(step, lr)
+            return lr
+        self.idx.copy_(torch.from_numpy(self.algo.batch_indices(step, self.sampler)))
         torch.index_select(self.train_x, 0, self.idx, out=self.xb)
         torch.index_select(self.train_y, 0, self.idx, out=self.yb)
         t0 = time.perf_counter()
         logits = self.model(self.xb)
-        loss = F.cross_entropy(logits, self.yb)
+        weights = self.algo.sample_weights(self.yb, step)
+        if weights is None:
+            loss = F.cross_entropy(logits, self.yb)
+        else:
+            loss = (F.cross_entropy(logits, self.yb, reduction="none") * weights).mean()
         self.flat.zero_grad()
         loss.backward()
         if self.optim.weight_decay:

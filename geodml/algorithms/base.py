@@ -22,10 +22,26 @@ internal state (tensors) and statistics (DESIGN.md style rule 5).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
+
+
+@dataclass(frozen=True)
+class AlgoContext:
+    """What an algorithm may know about the run besides its hyper-parameters."""
+
+    rank: int
+    world_size: int
+    seed: int
+    steps_per_epoch: int
+    total_steps: int
+    batch_size: int
+    label_counts: np.ndarray
+    """[K, C] training-label counts of every partition (identical on every rank)."""
 
 
 class FlatParams:
@@ -76,17 +92,31 @@ class Algorithm:
     theta_name: str | None = None
     theta_grid: tuple[float, ...] = ()
 
-    def __init__(self, *, flat: FlatParams, comm: Any, momentum: float, steps_per_epoch: int) -> None:
+    def __init__(self, *, flat: FlatParams, comm: Any, momentum: float, ctx: AlgoContext) -> None:
         self.flat = flat
         self.comm = comm
         self.momentum = float(momentum)
-        self.steps_per_epoch = int(steps_per_epoch)
+        self.ctx = ctx
         self.u = torch.zeros_like(flat.data)  # momentum buffer u^k (already scaled by -eta)
 
     @classmethod
-    def from_config(cls, cfg: Any, *, flat: FlatParams, comm: Any, steps_per_epoch: int) -> "Algorithm":
-        """Build from a RunConfig; subclasses with hyper-parameters read their own fields."""
-        return cls(flat=flat, comm=comm, momentum=cfg.optim.momentum, steps_per_epoch=steps_per_epoch)
+    def from_config(cls, cfg: Any, *, flat: FlatParams, comm: Any, ctx: AlgoContext) -> "Algorithm":
+        """Build from a RunConfig; subclasses with hyper-parameters override and read cfg.algo."""
+        return cls(flat=flat, comm=comm, momentum=cfg.optim.momentum, ctx=ctx)
+
+    # ---- hooks into the trainer's minibatch (defaults: plain SGD) ------------------------
+    def computes(self, step: int) -> bool:
+        """False: this partition does no local work at ``step`` (e.g. not selected this round);
+        the trainer skips forward/backward but still calls ``step``."""
+        return True
+
+    def batch_indices(self, step: int, sampler: Any) -> np.ndarray:
+        """Training-set indices of this step's minibatch (default: the partition's sampler)."""
+        return sampler.next()
+
+    def sample_weights(self, labels: torch.Tensor, step: int) -> torch.Tensor | None:
+        """Per-sample loss weights (loss = mean(w_i * l_i)); None = plain mean (FedIR, IWDS override)."""
+        return None
 
     # ---- hooks -----------------------------------------------------------------------
     def step(self, step: int, lr: float) -> None:

@@ -1,0 +1,162 @@
+"""Gaia: significance-filtered update exchange (Hsieh et al., NSDI 2017), exactly as
+Algorithm 1 of Quagmire (Hsieh et al., ICML 2020) Appendix A, on node k:
+
+    u <- m*u - lr_t * grad f(w^k, b)          (lines 5-6: local vanilla momentum SGD)
+    w^k <- w^k + u
+    v^k <- v^k + u                            (line 7: accumulate weight updates)
+    S = |v^k| > T_t * |w^k|                   (line 9; written without division, so w = 0 is fine)
+    send v~^k = v^k * S to every other partition; v^k <- v^k * not S    (lines 10-11)
+    w^k <- w^k + sum_{i != k} v~^i            (lines 13-15: apply significant updates of all others)
+
+The significance check uses w^k after its own update and before the others' updates arrive.
+``update_threshold`` (line 16, "decrease the threshold whenever the learning rate decreases")
+is ``T_t = T0 * lr_t / lr_0``: the threshold follows the learning-rate schedule exactly
+(step schedule: T0 / 10 after each milestone; poly: continuously).
+
+Wire format per step and peer, through the ZeroMQ transport as kind ``update``: sparse
+(int32 indices + float32 values, 8 B per significant entry) or, when more than half of the
+entries are significant, dense (float32 values, 4 B per parameter), whichever is smaller; the
+ledger charges exactly what is sent. Each partition sends the same message to all K-1 others.
+Partitions keep different models: the global model is the average of their weights.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from geodml.algorithms.base import AlgoContext, Algorithm, FlatParams
+
+
+class Gaia(Algorithm):
+    name = "gaia"
+    theta_name = "t0"
+    # Quagmire Appendix H / Table 6 grid, most communication (smallest T0) first.
+    theta_grid = (0.02, 0.05, 0.10, 0.20, 0.30, 0.40)
+
+    def __init__(self, *, flat: FlatParams, comm: Any, momentum: float, ctx: AlgoContext, t0: float, lr0: float) -> None:
+        super().__init__(flat=flat, comm=comm, momentum=momentum, ctx=ctx)
+        self.t0 = float(t0)
+        self.lr0 = float(lr0)
+        self.threshold = self.t0
+        n = flat.numel
+        # Preallocated hot-path buffers (DESIGN.md rule 12).
+        self.v = torch.zeros_like(flat.data)              # accumulated, not yet significant updates
+        self.abs_v = torch.empty_like(flat.data)
+        self.bound = torch.empty_like(flat.data)          # T_t * |w|
+        self.mask = torch.empty(n, dtype=torch.bool)
+        self.idx64 = torch.empty(n, dtype=torch.int64)    # storage kept across resize_ (no realloc)
+        self.idx32 = torch.empty(n, dtype=torch.int32)
+        self.vals = torch.empty(n, dtype=torch.float32)
+        self.recv_idx = torch.empty(n, dtype=torch.int64)
+        self.recv_vals = torch.empty(n, dtype=torch.float32)
+        self.recv_idx_np = np.empty(n, dtype=np.int32)
+        # statistics
+        self.sent_entries = 0
+        self.sent_dense = False
+        self.sent_entries_total = 0
+        self.steps_done = 0
+
+    @classmethod
+    def from_config(cls, cfg: Any, *, flat: FlatParams, comm: Any, ctx: AlgoContext) -> "Gaia":
+        if flat.data.dtype != torch.float32:
+            raise ValueError("gaia exchanges float32 updates; the model must be float32")
+        return cls(flat=flat, comm=comm, momentum=cfg.optim.momentum, ctx=ctx, t0=cfg.algo.t0, lr0=cfg.optim.lr)
+
+    # ---- knob ----------------------------------------------------------------------------
+    @property
+    def theta(self) -> float:
+        return self.t0
+
+    @theta.setter
+    def theta(self, value: float) -> None:
+        if not (value >= 0):
+            raise ValueError(f"gaia: T0 must be >= 0, got {value!r}")
+        self.t0 = float(value)
+
+    @property
+    def models_agree(self) -> bool:
+        return self.ctx.world_size == 1
+
+    # ---- Algorithm 1 -----------------------------------------------------------------------
+    def local_update(self, step: int, lr: float) -> None:
+        super().local_update(step, lr)      # u = m*u - lr*grad; w = w + u
+        self.v.add_(self.u)                 # line 7
+
+    def select(self, threshold: float) -> tuple[int, bool]:
+        """Lines 9-11: mark |v| > T*|w|, move the significant entries into the send buffers
+        and clear them from v. Returns (number of significant entries, dense?)."""
+        torch.abs(self.v, out=self.abs_v)
+        torch.abs(self.flat.data, out=self.bound)
+        self.bound.mul_(threshold)
+        torch.gt(self.abs_v, self.bound, out=self.mask)
+        n = int(self.mask.sum())
+        numel = self.flat.numel
+        dense = 2 * n > numel  # 8 B per sparse entry vs 4 B per dense parameter
+        if dense:
+            torch.mul(self.v, self.mask, out=self.vals)
+        elif n:
+            torch.nonzero(self.mask, out=self.idx64.resize_(0, 1))
+            idx = self.idx64.view(-1)
+            torch.index_select(self.v, 0, idx, out=self.vals.resize_(n))
+            self.idx32.resize_(n).copy_(idx)
+        self.v.masked_fill_(self.mask, 0.0)
+        return n, dense
+
+    def after_step(self, step: int, lr: float) -> None:
+        self.threshold = self.t0 * lr / self.lr0   # update_threshold: follows the lr schedule
+        n, dense = self.select(self.threshold)
+        self.sent_entries, self.sent_dense = n, dense
+        self.sent_entries_total += n
+        self.steps_done += 1
+        k = self.ctx.world_size
+        if k == 1:
+            self._restore_buffers()
+            return
+        if dense:
+            payload = [self.vals]
+        elif n:
+            payload = [self.idx32, self.vals]
+        else:
+            payload = []  # nothing significant: an empty message (envelope only) keeps peers in step
+        self.comm.send_to_all("update", payload, step=step)
+        received = self.comm.recv_from_all("update", step=step)
+        w = self.flat.data
+        for src in sorted(received):              # rank order: the same sum order on every run
+            arrays = received[src]
+            if len(arrays) == 1:                  # dense
+                self.recv_vals.resize_(w.numel()).numpy()[:] = arrays[0]
+                w.add_(self.recv_vals)
+            elif len(arrays) == 2:                # sparse
+                m = len(arrays[0])
+                np.copyto(self.recv_idx_np[:m], arrays[0])
+                self.recv_idx.resize_(m).copy_(torch.from_numpy(self.recv_idx_np[:m]))
+                self.recv_vals.resize_(m).numpy()[:] = arrays[1]
+                w.index_add_(0, self.recv_idx, self.recv_vals)
+        self._restore_buffers()
+
+    def _restore_buffers(self) -> None:
+        # resize_ back to full length keeps the same storage (no allocation)
+        n = self.flat.numel
+        self.vals.resize_(n)
+        self.recv_vals.resize_(n)
+
+    def stats(self) -> dict[str, float]:
+        return {"gaia_threshold": self.threshold, "gaia_t0": self.t0,
+                "gaia_significant_fraction": self.sent_entries / self.flat.numel,
+                "gaia_sent_entries_total": float(self.sent_entries_total)}
+
+    # ---- checkpoint ------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"u": self.u.clone(), "v": self.v.clone(), "t0": self.t0, "threshold": self.threshold,
+                "sent_entries_total": self.sent_entries_total, "steps_done": self.steps_done}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.u.copy_(state["u"])
+        self.v.copy_(state["v"])
+        self.t0 = float(state["t0"])
+        self.threshold = float(state["threshold"])
+        self.sent_entries_total = int(state["sent_entries_total"])
+        self.steps_done = int(state["steps_done"])
