@@ -16,7 +16,7 @@ PARTITIONS = ("iid", "label", "dirichlet", "shards")
 MODELS = ("lenet", "resnet20", "logreg", "mlp")
 NORMS = ("none", "batch", "group")
 MODEL_NORMS = {"lenet": ("none", "batch", "group"), "resnet20": ("batch", "group"), "logreg": ("none",), "mlp": ("none",)}
-ALGOS = ("bsp", "gaia", "dgc", "fedavg")
+ALGOS = ("bsp", "gaia", "dgc", "fedavg", "local")
 BACKENDS = ("auto", "gloo", "nccl")
 WAN_MODES = ("off", "virtual", "real")
 LR_SCHEDULES = ("step", "poly")
@@ -113,7 +113,7 @@ class AlgoConfig:
     """Which decentralized learning algorithm runs and its hyper-parameters (Quagmire Appendix A)."""
 
     algo: str = "bsp"
-    """bsp, gaia, dgc or fedavg."""
+    """bsp, gaia, dgc, fedavg, or local (no communication: each partition trains alone)."""
     # Gaia (Algorithm 1)
     t0: float = 0.1
     """Gaia: initial significance threshold T0 (0.1 = 10%); T_t = T0 * lr_t / lr_0."""

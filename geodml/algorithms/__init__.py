@@ -14,6 +14,7 @@ from geodml.config import RunConfig
 
 REGISTRY: dict[str, str] = {
     "bsp": "geodml.algorithms.bsp:BSP",
+    "local": "geodml.algorithms.local:Local",
     "gaia": "geodml.algorithms.gaia:Gaia",
     "dgc": "geodml.algorithms.dgc:DGC",
     "fedavg": "geodml.algorithms.fedavg:FedAvg",
