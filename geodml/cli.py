@@ -40,7 +40,7 @@ FIELD_OF: dict[str, tuple[str | None, str]] = {
     "dataset": ("data", "dataset"), "data_dir": ("data", "data_dir"), "partition": ("data", "partition"),
     "skew": ("data", "skew"), "alpha": ("data", "alpha"), "shards_per_partition": ("data", "shards_per_partition"),
     "model": ("model", "model"), "norm": ("model", "norm"),
-    "epochs": ("optim", "epochs"), "batch_size": ("optim", "batch_size"), "lr": ("optim", "lr"),
+    "epochs": ("optim", "epochs"), "steps": ("optim", "steps"), "batch_size": ("optim", "batch_size"), "lr": ("optim", "lr"),
     "lr_schedule": ("optim", "lr_schedule"), "lr_milestones": ("optim", "lr_milestones"),
     "poly_power": ("optim", "poly_power"), "momentum": ("optim", "momentum"), "weight_decay": ("optim", "weight_decay"),
     "algo": ("algo", "algo"), "t0": ("algo", "t0"), "sparsity": ("algo", "sparsity"), "e_warm": ("algo", "e_warm"),
@@ -92,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--norm", choices=NORMS, help="normalization: none, batch (BN), group (GN, group size 2) (default none)")
     g = p.add_argument_group("optimization")
     g.add_argument("--epochs", type=float, help="epochs (default 30)")
+    g.add_argument("--steps", type=int, help="training length in steps; overrides --epochs")
     g.add_argument("--batch-size", type=int, help="minibatch size per partition (default 20)")
     g.add_argument("--lr", type=float, help="initial learning rate (default 0.02)")
     g.add_argument("--lr-schedule", choices=LR_SCHEDULES, help="step (divide by 10 at milestones) or poly (default step)")

@@ -79,6 +79,8 @@ class OptimConfig:
 
     epochs: float = 30.0
     """Training length in epochs (an epoch = total training set / (K * batch size) steps)."""
+    steps: int | None = None
+    """Training length in steps; overrides --epochs when given."""
     batch_size: int = 20
     """Minibatch size per partition (the paper: 20)."""
     lr: float = 0.02
@@ -96,6 +98,7 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         _check(_finite(self.epochs) and self.epochs > 0, f"--epochs must be > 0, got {self.epochs!r}")
+        _check(self.steps is None or (isinstance(self.steps, int) and self.steps >= 1), f"--steps must be an integer >= 1, got {self.steps!r}")
         _check(isinstance(self.batch_size, int) and self.batch_size >= 1, f"--batch-size must be an integer >= 1, got {self.batch_size!r}")
         _check(_finite(self.lr) and self.lr > 0, f"--lr must be > 0, got {self.lr!r}")
         _check(self.lr_schedule in LR_SCHEDULES, f"--lr-schedule: choose one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}")

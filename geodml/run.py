@@ -86,7 +86,7 @@ def run(cfg: RunConfig, env: Env) -> dict | None:
                             generator_seed=cfg.seed).to(device)
         flat = FlatParams(model)
         spe = steps_per_epoch(len(labels), world, cfg.optim.batch_size)
-        total_steps = max(1, round(cfg.optim.epochs * spe))
+        total_steps = cfg.optim.steps or max(1, round(cfg.optim.epochs * spe))
         ctx = AlgoContext(rank=rank, world_size=world, seed=cfg.seed, steps_per_epoch=spe, total_steps=total_steps,
                           batch_size=cfg.optim.batch_size, label_counts=np.asarray(report["label_counts"], dtype=np.int64))
         algo = build_algorithm(cfg, flat=flat, comm=comm, ctx=ctx)

@@ -1,0 +1,443 @@
+"""Dataset readers: digits (bundled), fashion-mnist and mnist (IDX files), cifar10 (python batches).
+
+Every reader returns a :class:`Dataset` whose images are float32 ``[N, C, H, W]`` tensors,
+standardized per channel with the *training* set's mean and standard deviation (the test set
+uses the same statistics, so nothing about the test set leaks into training), and int64
+labels. The test set is the one every partition validates on (the Quagmire paper, Hsieh et
+al. 2020, Section 3: "the model is tested on the entire validation set").
+
+Formats, exactly:
+
+- ``digits``: scikit-learn's bundled ``load_digits`` (1797 8x8 grey images, pixel values
+  0..16). No files needed. The train/test split is stratified, 20% test, and a pure function
+  of ``seed`` (a ``numpy.random.Generator``; per class, round-half-up of 20% of its images go
+  to test: 1438 train / 359 test), so every rank holds the same split.
+- ``fashion-mnist`` and ``mnist``: the four IDX files ``train-images-idx3-ubyte``,
+  ``train-labels-idx1-ubyte``, ``t10k-images-idx3-ubyte``, ``t10k-labels-idx1-ubyte``, each
+  either plain or gzip-compressed with a ``.gz`` suffix (compression is recognised by the
+  gzip magic bytes, not by the name). The IDX header is parsed and checked: two zero bytes,
+  element type 0x08 (unsigned byte), 3 dimensions for images / 1 for labels, then the
+  big-endian uint32 sizes; the payload must have exactly the bytes the sizes promise.
+  fashion-mnist defaults to ``/usr/share/datasets/fashion-mnist``, where the Debian package
+  ``dataset-fashion-mnist`` installs the four files as ``*.gz``; mnist has no default.
+- ``cifar10``: the python version's pickled batches ``data_batch_1`` .. ``data_batch_5`` and
+  ``test_batch`` (dicts with ``b'data'``: uint8 ``[n, 3072]`` in R, G, B planes of 32x32, and
+  ``b'labels'``: n ints in 0..9). ``data_dir`` may name the ``cifar-10-batches-py`` folder or
+  its parent. The pickles are read with an unpickler that only admits the numpy array
+  constructors those files need, so a stray pickle cannot run code.
+
+Any missing, truncated or malformed input raises :class:`DatasetError` (a ``ValueError``)
+naming the file, what was expected there, and how to obtain it.
+"""
+
+from __future__ import annotations
+
+import codecs
+import gzip
+import pickle
+import struct
+import warnings
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+__all__ = [
+    "DATASET_NAMES",
+    "DEFAULT_DATA_DIRS",
+    "Dataset",
+    "DatasetError",
+    "check_dataset_available",
+    "load_dataset",
+]
+
+DATASET_NAMES = ("digits", "fashion-mnist", "mnist", "cifar10")
+
+# Where the Debian package dataset-fashion-mnist puts its files (checked with `dpkg -L`).
+DEFAULT_DATA_DIRS: dict[str, str] = {"fashion-mnist": "/usr/share/datasets/fashion-mnist"}
+
+# IDX base names (the files may also carry a .gz suffix).
+IDX_TRAIN_IMAGES = "train-images-idx3-ubyte"
+IDX_TRAIN_LABELS = "train-labels-idx1-ubyte"
+IDX_TEST_IMAGES = "t10k-images-idx3-ubyte"
+IDX_TEST_LABELS = "t10k-labels-idx1-ubyte"
+IDX_FILES = (IDX_TRAIN_IMAGES, IDX_TRAIN_LABELS, IDX_TEST_IMAGES, IDX_TEST_LABELS)
+IDX_UBYTE = 0x08
+IDX_NUM_CLASSES = 10
+
+CIFAR_FOLDER = "cifar-10-batches-py"
+CIFAR_TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
+CIFAR_TEST_BATCH = "test_batch"
+CIFAR_SIDE_PX = 32
+CIFAR_CHANNELS = 3
+CIFAR_ROW_BYTES = CIFAR_CHANNELS * CIFAR_SIDE_PX * CIFAR_SIDE_PX  # 3072
+CIFAR_NUM_CLASSES = 10
+
+DIGITS_TEST_FRACTION = 0.2
+
+_GZIP_MAGIC = b"\x1f\x8b"
+
+_HOW_TO_GET = {
+    "fashion-mnist": (
+        "install them with `apt-get install dataset-fashion-mnist` (Debian/Ubuntu; files land in "
+        "/usr/share/datasets/fashion-mnist) or download them from "
+        "https://github.com/zalandoresearch/fashion-mnist (data/fashion/) and pass --data-dir DIR"
+    ),
+    "mnist": (
+        "get the four files from http://yann.lecun.com/exdb/mnist/ or a mirror such as "
+        "https://ossci-datasets.s3.amazonaws.com/mnist/ and keep them in one directory"
+    ),
+    "cifar10": (
+        "download https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz, extract it, and pass "
+        f"--data-dir pointing at the extracted {CIFAR_FOLDER}/ folder or its parent"
+    ),
+}
+
+
+class DatasetError(ValueError):
+    """A dataset is missing or malformed; the message says what was expected where and how to get it."""
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A standardized image-classification dataset, identical on every rank.
+
+    ``train_x``/``test_x`` are float32 ``[N, C, H, W]`` standardized with the training set's
+    per-channel mean/std; ``train_y``/``test_y`` are int64 ``[N]`` in ``0..num_classes-1``.
+    """
+
+    name: str
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    num_classes: int
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        """``(C, H, W)`` of one image."""
+        c, h, w = self.train_x.shape[1:]
+        return (int(c), int(h), int(w))
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+def load_dataset(name: str, data_dir: str | None = None, *, seed: int = 0) -> Dataset:
+    """Read and standardize dataset ``name``.
+
+    ``data_dir`` is where its files are (ignored by ``digits``; ``fashion-mnist`` defaults to
+    the Debian package's directory). ``seed`` only affects ``digits``, whose train/test split
+    it fixes. Raises :class:`DatasetError` if the files are missing or malformed.
+    """
+    _check_name(name)
+    if name == "digits":
+        train_x, train_y, test_x, test_y = _load_digits(seed)
+        num_classes = 10
+    elif name in ("fashion-mnist", "mnist"):
+        train_x, train_y, test_x, test_y = _load_idx_dataset(name, _idx_dir(name, data_dir))
+        num_classes = IDX_NUM_CLASSES
+    else:
+        train_x, train_y, test_x, test_y = _load_cifar10(_cifar_dir(data_dir))
+        num_classes = CIFAR_NUM_CLASSES
+    train_t, test_t = _standardize(train_x, test_x)
+    return Dataset(
+        name=name,
+        train_x=train_t,
+        train_y=torch.from_numpy(train_y.astype(np.int64)),
+        test_x=test_t,
+        test_y=torch.from_numpy(test_y.astype(np.int64)),
+        num_classes=num_classes,
+    )
+
+
+def check_dataset_available(name: str, data_dir: str | None) -> None:
+    """Cheap check that ``load_dataset(name, data_dir)`` will find well-formed files.
+
+    Checks existence, IDX headers (and, for uncompressed IDX files, their exact sizes) and
+    the presence of all CIFAR batches, without decoding pixels. Meant for the CLI before any
+    process group exists; raises :class:`DatasetError` with an actionable message.
+    """
+    _check_name(name)
+    if name == "digits":
+        if data_dir is not None:
+            warnings.warn(f"--data-dir {data_dir!r} does nothing for --dataset digits (bundled with scikit-learn)",
+                          stacklevel=2)
+        return
+    if name in ("fashion-mnist", "mnist"):
+        directory = _idx_dir(name, data_dir)
+        dims = {base: _check_idx_header(_find_idx_file(name, directory, base), _idx_ndim(base)) for base in IDX_FILES}
+        _check_idx_pair(name, dims[IDX_TRAIN_IMAGES][0], dims[IDX_TRAIN_LABELS][0],
+                        directory, IDX_TRAIN_IMAGES, IDX_TRAIN_LABELS)
+        _check_idx_pair(name, dims[IDX_TEST_IMAGES][0], dims[IDX_TEST_LABELS][0],
+                        directory, IDX_TEST_IMAGES, IDX_TEST_LABELS)
+        if dims[IDX_TRAIN_IMAGES][1:] != dims[IDX_TEST_IMAGES][1:]:
+            raise DatasetError(f"{name}: train images are {dims[IDX_TRAIN_IMAGES][1:]} pixels but test images are "
+                               f"{dims[IDX_TEST_IMAGES][1:]} in {directory}; both files must come from one dataset")
+        return
+    folder = _cifar_dir(data_dir)
+    for batch in (*CIFAR_TRAIN_BATCHES, CIFAR_TEST_BATCH):
+        path = folder / batch
+        if path.stat().st_size == 0:
+            raise DatasetError(f"cifar10: {path} is empty; expected a pickled CIFAR-10 batch; {_HOW_TO_GET['cifar10']}")
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _check_name(name: str) -> None:
+    if name not in DATASET_NAMES:
+        raise DatasetError(f"unknown dataset {name!r}; choose one of {', '.join(DATASET_NAMES)}")
+
+
+def _standardize(train: np.ndarray, test: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return float32 tensors standardized per channel with the train set's mean/std (population std).
+
+    Moments are accumulated in float64 from float32 pixels; for 8-bit images every value and
+    square is an integer, so the sums are exact. No float64 copy of the set is made (CIFAR's
+    would be 1.2 GB).
+    """
+    train_f = np.ascontiguousarray(train, dtype=np.float32)
+    test_f = np.ascontiguousarray(test, dtype=np.float32)
+    count = train_f.shape[0] * train_f.shape[2] * train_f.shape[3]
+    mean = train_f.sum(axis=(0, 2, 3), dtype=np.float64) / count
+    mean_sq = np.einsum("nchw,nchw->c", train_f, train_f, dtype=np.float64) / count
+    std = np.sqrt(np.maximum(mean_sq - mean * mean, 0.0))
+    # A constant channel would divide by zero; leave its scale alone instead.
+    std[std == 0] = 1.0
+    shape = (1, train_f.shape[1], 1, 1)
+    mean_t = torch.from_numpy(mean.astype(np.float32).reshape(shape))
+    std_t = torch.from_numpy(std.astype(np.float32).reshape(shape))
+    return (torch.from_numpy(train_f).sub_(mean_t).div_(std_t),
+            torch.from_numpy(test_f).sub_(mean_t).div_(std_t))
+
+
+def _load_digits(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """scikit-learn's digits with a stratified split: per class, round-half-up(20% of its count) go to test.
+
+    The split draws from ``np.random.default_rng(seed)`` only (no scipy import, no global
+    state); with the bundled 1797 images it yields 1438 train / 359 test for every seed.
+    """
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    images = bunch.images.astype(np.float32)[:, None, :, :]  # [1797, 1, 8, 8], values 0..16
+    labels = bunch.target.astype(np.int64)
+    rng = np.random.default_rng(seed)
+    test_parts = []
+    for c in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == c))
+        num_test = int(np.floor(DIGITS_TEST_FRACTION * len(members) + 0.5))
+        test_parts.append(members[:num_test])
+    is_test = np.zeros(len(labels), dtype=bool)
+    is_test[np.concatenate(test_parts)] = True
+    # Ascending index order, so the order inside each split depends on membership only.
+    return images[~is_test], labels[~is_test], images[is_test], labels[is_test]
+
+
+# --- IDX (fashion-mnist, mnist)
+
+
+def _idx_dir(name: str, data_dir: str | None) -> Path:
+    expected = ", ".join(f"{f}[.gz]" for f in IDX_FILES)
+    if data_dir is None:
+        if name not in DEFAULT_DATA_DIRS:
+            raise DatasetError(f"{name} has no default directory: pass --data-dir DIR where DIR holds {expected}; "
+                               f"{_HOW_TO_GET[name]}")
+        data_dir = DEFAULT_DATA_DIRS[name]
+    directory = Path(data_dir)
+    if not directory.is_dir():
+        raise DatasetError(f"{name}: directory {directory} does not exist; expected it to hold {expected}; "
+                           f"{_HOW_TO_GET[name]}")
+    return directory
+
+
+def _find_idx_file(name: str, directory: Path, base: str) -> Path:
+    for candidate in (directory / base, directory / f"{base}.gz"):
+        if candidate.is_file():
+            return candidate
+    present = sorted(p.name for p in directory.iterdir())[:12]
+    raise DatasetError(f"{name}: missing {base} (or {base}.gz) in {directory} (it holds: "
+                       f"{', '.join(present) if present else 'nothing'}); {_HOW_TO_GET[name]}")
+
+
+def _idx_ndim(base: str) -> int:
+    return 3 if "images" in base else 1
+
+
+def _open_idx_bytes(path: Path) -> bytes:
+    raw = path.read_bytes()
+    if raw[:2] != _GZIP_MAGIC:
+        return raw
+    try:
+        return gzip.decompress(raw)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise DatasetError(f"{path}: corrupt or truncated gzip data ({exc}); re-download the file") from exc
+
+
+def _parse_idx_header(buf: bytes, path: Path, expected_ndim: int) -> tuple[tuple[int, ...], int]:
+    """Return (dims, header length in bytes) of an IDX file, or raise naming what is wrong."""
+    if len(buf) < 4:
+        raise DatasetError(f"{path}: truncated IDX file: {len(buf)} bytes, shorter than the 4-byte magic number")
+    if buf[:2] != b"\x00\x00":
+        raise DatasetError(f"{path}: not an IDX file: magic number 0x{buf[:4].hex()} must start with two zero bytes")
+    if buf[2] != IDX_UBYTE:
+        raise DatasetError(f"{path}: IDX element type 0x{buf[2]:02x}, expected 0x{IDX_UBYTE:02x} (unsigned byte)")
+    ndim = buf[3]
+    if ndim != expected_ndim:
+        what = "images (count, rows, cols)" if expected_ndim == 3 else "labels (count)"
+        raise DatasetError(f"{path}: IDX file has {ndim} dimension(s), expected {expected_ndim} for {what}")
+    header_len = 4 + 4 * ndim
+    if len(buf) < header_len:
+        raise DatasetError(f"{path}: truncated IDX header: {len(buf)} bytes, expected {header_len}")
+    dims = struct.unpack(f">{ndim}I", buf[4:header_len])
+    return tuple(int(d) for d in dims), header_len
+
+
+def _check_idx_header(path: Path, expected_ndim: int) -> tuple[int, ...]:
+    """Header-only check (cheap); for plain files also the exact file size."""
+    try:
+        with open(path, "rb") as fh:
+            compressed = fh.read(2) == _GZIP_MAGIC
+        opener = gzip.open if compressed else open
+        with opener(path, "rb") as fh:
+            head = fh.read(4 + 4 * 3)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise DatasetError(f"{path}: unreadable ({exc}); re-download the file") from exc
+    dims, header_len = _parse_idx_header(head, path, expected_ndim)
+    if not compressed:
+        expected_size = header_len + int(np.prod(dims))
+        actual_size = path.stat().st_size
+        if actual_size != expected_size:
+            raise DatasetError(f"{path}: {actual_size} bytes, but its header {dims} promises {expected_size}; "
+                               f"the file is {'truncated' if actual_size < expected_size else 'followed by garbage'}")
+    return dims
+
+
+def _read_idx(path: Path, expected_ndim: int) -> np.ndarray:
+    buf = _open_idx_bytes(path)
+    dims, header_len = _parse_idx_header(buf, path, expected_ndim)
+    payload_bytes = int(np.prod(dims))
+    have = len(buf) - header_len
+    if have < payload_bytes:
+        raise DatasetError(f"{path}: truncated: {have} data bytes, but its header {dims} promises {payload_bytes}")
+    if have > payload_bytes:
+        raise DatasetError(f"{path}: {have - payload_bytes} unexpected bytes after the {dims} data the header promises")
+    return np.frombuffer(buf, dtype=np.uint8, count=payload_bytes, offset=header_len).reshape(dims)
+
+
+def _check_idx_pair(name: str, num_images: int, num_labels: int, directory: Path, images: str, labels: str) -> None:
+    if num_images != num_labels:
+        raise DatasetError(f"{name}: {images} holds {num_images} images but {labels} holds {num_labels} labels "
+                           f"in {directory}; the two files must belong together")
+
+
+def _load_idx_dataset(name: str, directory: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    arrays = {base: _read_idx(_find_idx_file(name, directory, base), _idx_ndim(base)) for base in IDX_FILES}
+    _check_idx_pair(name, len(arrays[IDX_TRAIN_IMAGES]), len(arrays[IDX_TRAIN_LABELS]),
+                    directory, IDX_TRAIN_IMAGES, IDX_TRAIN_LABELS)
+    _check_idx_pair(name, len(arrays[IDX_TEST_IMAGES]), len(arrays[IDX_TEST_LABELS]),
+                    directory, IDX_TEST_IMAGES, IDX_TEST_LABELS)
+    if arrays[IDX_TRAIN_IMAGES].shape[1:] != arrays[IDX_TEST_IMAGES].shape[1:]:
+        raise DatasetError(f"{name}: train images are {arrays[IDX_TRAIN_IMAGES].shape[1:]} pixels but test images "
+                           f"are {arrays[IDX_TEST_IMAGES].shape[1:]} in {directory}; both must come from one dataset")
+    for base in (IDX_TRAIN_LABELS, IDX_TEST_LABELS):
+        labels = arrays[base]
+        if labels.size and labels.max() >= IDX_NUM_CLASSES:
+            raise DatasetError(f"{name}: {_find_idx_file(name, directory, base)} holds label {int(labels.max())}, "
+                               f"expected labels 0..{IDX_NUM_CLASSES - 1}")
+    return (arrays[IDX_TRAIN_IMAGES][:, None], arrays[IDX_TRAIN_LABELS],
+            arrays[IDX_TEST_IMAGES][:, None], arrays[IDX_TEST_LABELS])
+
+
+# --- CIFAR-10 python batches
+
+
+def _numpy_pickle_globals() -> dict:
+    """The numpy constructors a pickled array refers to, under both numpy 1.x and 2.x module names."""
+    try:  # numpy >= 2 moved the private module; importing numpy.core there warns.
+        from numpy._core.multiarray import _reconstruct, scalar
+        from numpy._core.numeric import _frombuffer
+    except ImportError:  # numpy 1.x
+        from numpy.core.multiarray import _reconstruct, scalar
+        from numpy.core.numeric import _frombuffer
+    allowed: dict = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype, ("_codecs", "encode"): codecs.encode}
+    for prefix in ("numpy.core", "numpy._core"):
+        allowed[(f"{prefix}.multiarray", "_reconstruct")] = _reconstruct
+        allowed[(f"{prefix}.multiarray", "scalar")] = scalar
+        allowed[(f"{prefix}.numeric", "_frombuffer")] = _frombuffer
+    return allowed
+
+
+_CIFAR_PICKLE_GLOBALS = _numpy_pickle_globals()
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    """Admits only what a CIFAR-10 batch needs (numpy arrays, dtypes, bytes), so a stray pickle cannot run code."""
+
+    def find_class(self, module: str, name: str):
+        try:
+            return _CIFAR_PICKLE_GLOBALS[(module, name)]
+        except KeyError:
+            raise pickle.UnpicklingError(f"refusing to load {module}.{name}: a CIFAR-10 batch holds only numpy "
+                                         f"arrays and lists") from None
+
+
+def _cifar_dir(data_dir: str | None) -> Path:
+    if data_dir is None:
+        raise DatasetError(f"cifar10 has no default directory; {_HOW_TO_GET['cifar10']}")
+    base = Path(data_dir)
+    folder = base / CIFAR_FOLDER if (base / CIFAR_FOLDER).is_dir() else base
+    expected = [*CIFAR_TRAIN_BATCHES, CIFAR_TEST_BATCH]
+    missing = [b for b in expected if not (folder / b).is_file()]
+    if missing:
+        raise DatasetError(f"cifar10: missing {', '.join(missing)} in {folder} (looked in {base} and "
+                           f"{base / CIFAR_FOLDER}); expected {', '.join(expected)}; {_HOW_TO_GET['cifar10']}")
+    return folder
+
+
+def _dict_get(batch: dict, key: str):
+    # Python-2 pickles decoded with encoding="bytes" have bytes keys; Python-3 ones have str keys.
+    if key.encode() in batch:
+        return batch[key.encode()]
+    return batch.get(key)
+
+
+def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        with open(path, "rb") as fh:
+            batch = _CifarUnpickler(fh, encoding="bytes").load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError,
+            MemoryError, struct.error) as exc:
+        raise DatasetError(f"{path}: not a readable CIFAR-10 python batch ({type(exc).__name__}: {exc}); "
+                           f"{_HOW_TO_GET['cifar10']}") from exc
+    if not isinstance(batch, dict):
+        raise DatasetError(f"{path}: expected a pickled dict with b'data' and b'labels', got {type(batch).__name__}")
+    data, labels = _dict_get(batch, "data"), _dict_get(batch, "labels")
+    if data is None or labels is None:
+        raise DatasetError(f"{path}: expected keys b'data' and b'labels', found {sorted(map(repr, batch))}")
+    if not (isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 2
+            and data.shape[1] == CIFAR_ROW_BYTES):
+        got = f"{data.dtype} {list(data.shape)}" if isinstance(data, np.ndarray) else type(data).__name__
+        raise DatasetError(f"{path}: b'data' must be a uint8 array [n, {CIFAR_ROW_BYTES}], got {got}")
+    try:
+        labels_arr = np.asarray(labels, dtype=np.int64)
+    except (TypeError, ValueError) as exc:
+        raise DatasetError(f"{path}: b'labels' must be a list of integers ({exc})") from exc
+    if labels_arr.shape != (len(data),):
+        raise DatasetError(f"{path}: {len(data)} images but b'labels' has shape {list(labels_arr.shape)}")
+    if labels_arr.size and (labels_arr.min() < 0 or labels_arr.max() >= CIFAR_NUM_CLASSES):
+        raise DatasetError(f"{path}: labels must be in 0..{CIFAR_NUM_CLASSES - 1}, found "
+                           f"{int(labels_arr.min())}..{int(labels_arr.max())}")
+    images = data.reshape(len(data), CIFAR_CHANNELS, CIFAR_SIDE_PX, CIFAR_SIDE_PX)
+    return images, labels_arr
+
+
+def _load_cifar10(folder: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    train = [_read_cifar_batch(folder / b) for b in CIFAR_TRAIN_BATCHES]
+    test_x, test_y = _read_cifar_batch(folder / CIFAR_TEST_BATCH)
+    train_x = np.concatenate([x for x, _ in train])
+    train_y = np.concatenate([y for _, y in train])
+    return train_x, train_y, test_x, test_y
