@@ -33,8 +33,8 @@ from geodml.algorithms.base import AlgoContext, Algorithm, FlatParams
 class Gaia(Algorithm):
     name = "gaia"
     theta_name = "t0"
-    # Quagmire Appendix H / Table 6 grid, most communication (smallest T0) first.
-    theta_grid = (0.02, 0.05, 0.10, 0.20, 0.30, 0.40)
+    # SkewScout's grid for Gaia (Quagmire §7 / Appendix H), most communication (smallest T0) first.
+    theta_grid = (0.02, 0.05, 0.10, 0.20, 0.30, 0.40, 0.50)
 
     def __init__(self, *, flat: FlatParams, comm: Any, momentum: float, ctx: AlgoContext, t0: float, lr0: float) -> None:
         super().__init__(flat=flat, comm=comm, momentum=momentum, ctx=ctx)
