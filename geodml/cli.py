@@ -15,8 +15,8 @@ import tomllib
 from pathlib import Path
 
 from geodml import __version__
-from geodml.config import (ALGOS, BACKENDS, DATASETS, LR_SCHEDULES, MODELS, NORMS, PARTITIONS, WAN_MODES,
-                           AlgoConfig, CommConfig, DataConfig, ModelConfig, OptimConfig, RunConfig)
+from geodml.config import (ALGOS, BACKENDS, DATASETS, LR_SCHEDULES, MODELS, NORMS, PARTITIONS, SEARCHES, WAN_MODES,
+                           AlgoConfig, CommConfig, DataConfig, ModelConfig, OptimConfig, RunConfig, SkewScoutConfig)
 
 
 class UsageError(ValueError):
@@ -51,10 +51,14 @@ FIELD_OF: dict[str, tuple[str | None, str]] = {
     "fedir": ("algo", "fedir"), "virtual_client_size": ("algo", "virtual_client_size"), "iwds": ("algo", "iwds"),
     "topology": ("comm", "topology"), "wan": ("comm", "wan"), "wan_scale": ("comm", "wan_scale"),
     "bind_host": ("comm", "bind_host"), "comm_timeout": ("comm", "timeout_s"),
+    "skewscout": ("skewscout", "enabled"), "travel_every": ("skewscout", "travel_every"),
+    "travel_samples": ("skewscout", "travel_samples"), "lambda_al": ("skewscout", "lambda_al"),
+    "lambda_c": ("skewscout", "lambda_c"), "sigma_al": ("skewscout", "sigma_al"), "skewscout_search": ("skewscout", "search"),
     "seed": (None, "seed"), "eval_every": (None, "eval_every"), "log_every": (None, "log_every"), "out": (None, "out"),
     "backend": (None, "backend"), "threads": (None, "threads"), "progress": (None, "progress"),
 }
-SECTIONS = {"data": DataConfig, "model": ModelConfig, "optim": OptimConfig, "algo": AlgoConfig, "comm": CommConfig}
+SECTIONS = {"data": DataConfig, "model": ModelConfig, "optim": OptimConfig, "algo": AlgoConfig, "comm": CommConfig,
+            "skewscout": SkewScoutConfig}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,6 +84,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--fedir", action="store_true", help="fedavg: FedIR importance reweighting")
     g.add_argument("--virtual-client-size", type=int, help="fedavg: FedVC examples per client per round (default off)")
     g.add_argument("--iwds", type=_float_list, help="fedavg: IWDS schedule beta0,beta_m,rho (default off)")
+    g = p.add_argument_group("SkewScout (Quagmire section 7)")
+    g.add_argument("--skewscout", action="store_true", help="travel models and tune the algorithm's knob (gaia/fedavg/dgc)")
+    g.add_argument("--travel-every", type=int, help="steps between model travels/decisions (default 500)")
+    g.add_argument("--travel-samples", type=int, help="examples a host evaluates a visiting model on (default 100)")
+    g.add_argument("--lambda-al", type=float, help="Eq. 1 accuracy-loss weight (default 50)")
+    g.add_argument("--lambda-c", type=float, help="Eq. 1 communication weight (default 1)")
+    g.add_argument("--sigma-al", type=float, help="tolerated accuracy loss (default 0.05)")
+    g.add_argument("--skewscout-search", choices=SEARCHES, help="hill, stochastic or annealing (default hill)")
     g = p.add_argument_group("data")
     g.add_argument("--dataset", choices=DATASETS, help="dataset (default digits, embedded)")
     g.add_argument("--data-dir", help="dataset directory (fashion-mnist default: /usr/share/datasets/fashion-mnist)")

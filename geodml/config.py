@@ -178,6 +178,37 @@ class AlgoConfig:
                    f"--iwds: need 0 <= beta0, beta_m < 1 and 0 < rho <= 1, got {self.iwds!r}")
 
 
+SEARCHES = ("hill", "stochastic", "annealing")
+
+
+@dataclass(kw_only=True)
+class SkewScoutConfig:
+    """SkewScout (Quagmire §7): model traveling and communication control."""
+
+    enabled: bool = False
+    """Run SkewScout (needs an algorithm with a knob: gaia, fedavg, dgc)."""
+    travel_every: int = 500
+    """Travel models and decide every this many steps (the paper: 500 minibatches)."""
+    travel_samples: int = 100
+    """Training examples the host evaluates a visiting model on (small on purpose, §7.2)."""
+    lambda_al: float = 50.0
+    """Equation 1 weight of the accuracy-loss penalty (paper: 50)."""
+    lambda_c: float = 1.0
+    """Equation 1 weight of communication (paper: 1)."""
+    sigma_al: float = 0.05
+    """Tolerated accuracy loss (paper: 5%)."""
+    search: str = "hill"
+    """hill, stochastic (hill climbing) or annealing (simulated annealing)."""
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.travel_every, int) and self.travel_every >= 1, f"--travel-every must be an integer >= 1, got {self.travel_every!r}")
+        _check(isinstance(self.travel_samples, int) and self.travel_samples >= 1, f"--travel-samples must be an integer >= 1, got {self.travel_samples!r}")
+        _check(_finite(self.lambda_al) and self.lambda_al >= 0, f"--lambda-al must be >= 0, got {self.lambda_al!r}")
+        _check(_finite(self.lambda_c) and self.lambda_c >= 0, f"--lambda-c must be >= 0, got {self.lambda_c!r}")
+        _check(_finite(self.sigma_al) and 0 <= self.sigma_al <= 1, f"--sigma-al must be in [0, 1], got {self.sigma_al!r}")
+        _check(self.search in SEARCHES, f"--skewscout-search: choose one of {', '.join(SEARCHES)}, got {self.search!r}")
+
+
 @dataclass(kw_only=True)
 class CommConfig:
     """Emulated WAN and peer transport."""
@@ -208,6 +239,7 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     comm: CommConfig = field(default_factory=CommConfig)
+    skewscout: SkewScoutConfig = field(default_factory=SkewScoutConfig)
     seed: int = 0
     """Seed of every generator (partitioning, init, minibatch order)."""
     eval_every: int = 100

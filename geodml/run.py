@@ -28,6 +28,11 @@ def check_before_start(cfg: RunConfig, env: Env) -> None:
     from geodml.runtime import resolve_backend
 
     resolve_backend(cfg.backend)
+    if cfg.skewscout.enabled:
+        if cfg.algo.algo not in ("gaia", "fedavg", "dgc"):
+            raise ValueError(f"--skewscout tunes a communication knob; --algo {cfg.algo.algo} has none (use gaia, fedavg or dgc)")
+        if env.world_size < 2:
+            raise ValueError("--skewscout travels models between partitions: run at least 2 processes (torchrun --nproc_per_node=K)")
     check_dataset_available(cfg.data.dataset, cfg.data.data_dir)
     load_topology(cfg.comm.topology).placement(env.world_size)
     if cfg.out is not None:
@@ -109,11 +114,18 @@ def run(cfg: RunConfig, env: Env) -> dict | None:
             sink = MultiSink(sinks)
         (out / f"rank{rank}").mkdir(parents=True, exist_ok=True)
 
-        to = dict(device=device)
+        train_x, train_y = ds.train_x.to(device), ds.train_y.to(device)
+        skewscout = None
+        if cfg.skewscout.enabled:
+            from geodml.skewscout import ModelTraveler, SkewScout
+            traveler = ModelTraveler(rank=rank, world_size=world, model=model, flat=flat, comm=comm,
+                                     train_x=train_x, train_y=train_y, local_indices=parts[rank],
+                                     samples=cfg.skewscout.travel_samples, seed=cfg.seed)
+            skewscout = SkewScout(cfg=cfg.skewscout, algo=algo, traveler=traveler, comm=comm, rank=rank, world_size=world,
+                                  model_bytes=flat.numel * flat.data.element_size(), seed=cfg.seed)
         trainer = Trainer(rank=rank, world_size=world, model=model, flat=flat, algo=algo, comm=comm, optim=cfg.optim,
-                          train_x=ds.train_x.to(**to), train_y=ds.train_y.to(**to), test_x=ds.test_x.to(**to),
-                          test_y=ds.test_y.to(**to), local_indices=parts[rank], seed=cfg.seed, total_steps=total_steps,
-                          spe=spe, eval_every=cfg.eval_every, log_every=cfg.log_every, sink=sink)
+                          train_x=train_x, train_y=train_y, test_x=ds.test_x.to(device), test_y=ds.test_y.to(device), local_indices=parts[rank], seed=cfg.seed, total_steps=total_steps,
+                          spe=spe, eval_every=cfg.eval_every, log_every=cfg.log_every, sink=sink, skewscout=skewscout)
         result = trainer.run()
         sink.close()
 
@@ -139,6 +151,8 @@ def run(cfg: RunConfig, env: Env) -> dict | None:
             "steps": trainer.state.step,
             "epochs": trainer.state.step / spe,
             "theta_final": algo.theta,
+            "theta_name": algo.theta_name,
+            **(skewscout.summary() if skewscout is not None else {}),
             "world_size": world,
             "dataset": cfg.data.dataset,
             "partition": cfg.data.partition,

@@ -110,7 +110,7 @@ class Trainer:
     def __init__(self, *, rank: int, world_size: int, model: nn.Module, flat: FlatParams, algo: Algorithm, comm: Any,
                  optim: OptimConfig, train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor,
                  test_y: torch.Tensor, local_indices: np.ndarray, seed: int, total_steps: int, spe: int,
-                 eval_every: int, log_every: int, sink: Sink) -> None:
+                 eval_every: int, log_every: int, sink: Sink, skewscout: Any = None) -> None:
         self.rank, self.world_size = rank, world_size
         self.model, self.flat, self.algo, self.comm, self.optim = model, flat, algo, comm, optim
         self.train_x, self.train_y, self.test_x, self.test_y = train_x, train_y, test_x, test_y
@@ -118,6 +118,7 @@ class Trainer:
         self.total_steps, self.spe = total_steps, spe
         self.eval_every, self.log_every = eval_every, log_every
         self.sink = sink
+        self.skewscout = skewscout
         self.state = TrainState()
         device = flat.data.device
         # Preallocated minibatch buffers (no per-step tensor churn).
@@ -168,6 +169,11 @@ class Trainer:
         while s.step < self.total_steps:
             lr = self.train_step(s.step)
             s.step += 1
+            if self.skewscout is not None:
+                decision = self.skewscout.maybe_run(s.step)
+                if decision:  # rank 0 only
+                    self.sink.log({"step": s.step, "epoch": s.step / self.spe, "emulated_s": self._emulated_s(),
+                                   "wall_s": time.monotonic() - self.wall_t0, **decision})
             last = s.step == self.total_steps
             do_eval = s.step % self.eval_every == 0 or last
             if do_eval or s.step % self.log_every == 0:

@@ -44,6 +44,15 @@ class AlgoContext:
     """[K, C] training-label counts of every partition (identical on every rank)."""
 
 
+def copy_array_into(dst: torch.Tensor, src: np.ndarray) -> None:
+    """Copy a received (possibly read-only) numpy array into a preallocated tensor of the same
+    number of elements, without a temporary on the CPU path."""
+    if dst.device.type == "cpu":
+        np.copyto(dst.numpy().reshape(-1), np.asarray(src).reshape(-1), casting="no")
+    else:  # one host->device copy; the pinned staging buffer is torch's business
+        dst.view(-1).copy_(torch.from_numpy(np.array(src, copy=True).reshape(-1)), non_blocking=False)
+
+
 class FlatParams:
     """All trainable parameters of a model as views into one contiguous buffer.
 

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from geodml.algorithms.base import AlgoContext, Algorithm, FlatParams
+from geodml.algorithms.base import AlgoContext, Algorithm, FlatParams, copy_array_into
 
 
 class Gaia(Algorithm):
@@ -42,17 +42,18 @@ class Gaia(Algorithm):
         self.lr0 = float(lr0)
         self.threshold = self.t0
         n = flat.numel
-        # Preallocated hot-path buffers (DESIGN.md rule 12).
+        dev = flat.data.device
+        # Preallocated hot-path buffers (DESIGN.md rule 12), on the model's device.
         self.v = torch.zeros_like(flat.data)              # accumulated, not yet significant updates
         self.abs_v = torch.empty_like(flat.data)
         self.bound = torch.empty_like(flat.data)          # T_t * |w|
-        self.mask = torch.empty(n, dtype=torch.bool)
-        self.idx64 = torch.empty(n, dtype=torch.int64)    # storage kept across resize_ (no realloc)
-        self.idx32 = torch.empty(n, dtype=torch.int32)
-        self.vals = torch.empty(n, dtype=torch.float32)
-        self.recv_idx = torch.empty(n, dtype=torch.int64)
-        self.recv_vals = torch.empty(n, dtype=torch.float32)
-        self.recv_idx_np = np.empty(n, dtype=np.int32)
+        self.mask = torch.empty(n, dtype=torch.bool, device=dev)
+        self.idx64 = torch.empty(n, dtype=torch.int64, device=dev)    # storage kept across resize_ (no realloc)
+        self.idx32 = torch.empty(n, dtype=torch.int32, device=dev)
+        self.vals = torch.empty(n, dtype=torch.float32, device=dev)
+        self.recv_idx = torch.empty(n, dtype=torch.int64, device=dev)
+        self.recv_vals = torch.empty(n, dtype=torch.float32, device=dev)
+        self.recv_idx32 = torch.empty(n, dtype=torch.int32, device=dev)
         # statistics
         self.sent_entries = 0
         self.sent_dense = False
@@ -129,13 +130,13 @@ class Gaia(Algorithm):
         for src in sorted(received):              # rank order: the same sum order on every run
             arrays = received[src]
             if len(arrays) == 1:                  # dense
-                self.recv_vals.resize_(w.numel()).numpy()[:] = arrays[0]
+                copy_array_into(self.recv_vals.resize_(w.numel()), arrays[0])
                 w.add_(self.recv_vals)
             elif len(arrays) == 2:                # sparse
                 m = len(arrays[0])
-                np.copyto(self.recv_idx_np[:m], arrays[0])
-                self.recv_idx.resize_(m).copy_(torch.from_numpy(self.recv_idx_np[:m]))
-                self.recv_vals.resize_(m).numpy()[:] = arrays[1]
+                copy_array_into(self.recv_idx32.resize_(m), arrays[0])
+                self.recv_idx.resize_(m).copy_(self.recv_idx32)
+                copy_array_into(self.recv_vals.resize_(m), arrays[1])
                 w.index_add_(0, self.recv_idx, self.recv_vals)
         self._restore_buffers()
 

@@ -1,0 +1,371 @@
+"""FederatedAveraging (McMahan et al., 2017) exactly as Algorithm 2 of Quagmire (Hsieh et al.,
+ICML 2020) Appendix A, on node k, plus client sampling:
+
+    u^k <- 0                                      (line 1, once: the buffer is kept across rounds)
+    for round t:
+        w^k <- w_t                                (line 3: start from the global model)
+        Iter_Local times:                         (lines 4-7: local vanilla momentum SGD)
+            u^k <- m*u^k - lr*grad f(w^k, b);  w^k <- w^k + u^k
+        w_{t+1} <- sum_k p_k w^k                  (line 8: average; all-reduce, kind ``model``)
+
+Averaging weights ``p_k = n_k / sum_{j in S_t} n_j`` over the round's participants S_t (n_k =
+partition size, McMahan et al.; equal sizes give the paper's 1/K). The average is computed as
+a server step on the averaged update ``delta = sum_k p_k (w_t - w^k)``: ``w_{t+1} = w_t - delta``
+(Hsu et al. 2019, Section 4.2); FedAvgM (geodml.algorithms.fedavgm) replaces only that step.
+Float BatchNorm buffers are averaged with the same weights in the same all-reduce.
+
+Round structure on the trainer's step count: a round is ``round_length()`` consecutive trainer
+steps (``--iter-local``; FedVC: ceil(N_VC / B)). The average happens in ``after_step`` of the
+round's last step; if training ends mid-round, ``finish()`` averages the partial round, so the
+final model is always a global one. The next round is set up right after an average (not after
+the run's last step, so no bytes are spent on a round that never runs).
+
+Client sampling (``--client-fraction C``, McMahan et al. Algorithm 1: m = max(floor(C*K), 1)):
+round t's participants are a seeded draw ``np.random.default_rng([seed, t, 0xFEDA])``,
+identical on every rank. Only participants compute (``computes`` is False elsewhere) and only
+they all-reduce (``Comm.all_reduce(..., ranks=S_t)``); the others wait and are charged nothing.
+A participant that missed the last average does not hold w_t: at the start of round t it
+downloads the global state (w_t, server momentum if any, BatchNorm buffers) from the lowest
+rank of S_{t-1}, charged to that rank as kind ``model`` (``Comm.broadcast(..., ranks=)``).
+Non-participants keep their stale model; ``global_model_rank`` names a rank that holds the
+global one.
+
+Diagnostic (Quagmire Appendix G, Figure 23): at every synchronization the *average local
+update delta* ``mean_{k in S_t} ||w^k - w_t|| / ||w_{t+1}||`` -- how far each participant's
+local model moved during the round, relative to the averaged global model -- is reported as
+``fedavg_local_update_delta`` in metrics.jsonl. Norm ratios are used instead of the per-weight
+ratio |dw_i / w_i|, which is unbounded for weights near zero. The norms are summed with the
+uncharged ``meta_all_reduce`` (bookkeeping, not traffic of the emulated system).
+
+Variants compose as cooperative subclasses, one concept each (``FedAvg.from_config`` builds
+the combination): FedAvgM (server momentum), FedProx (proximal term), FedIR (importance
+weights), IWDS (decaying imbalance weights), FedVC (virtual clients). A variant sets its own
+attributes *before* calling ``super().__init__``, because FedAvg's constructor sets up round 0.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+
+from geodml.algorithms.base import AlgoContext, Algorithm, FlatParams
+
+_SELECT_TAG = 0xFEDA
+
+
+def num_participants(client_fraction: float, world_size: int) -> int:
+    """m = max(floor(C * K), 1) (McMahan et al. 2017, Algorithm 1); the epsilon absorbs 0.6*5 = 3.0000000000000004."""
+    return max(1, min(world_size, math.floor(client_fraction * world_size + 1e-9)))
+
+
+class FedAvg(Algorithm):
+    """FederatedAveraging on node k (see the module docstring for the exact contract)."""
+
+    name = "fedavg"
+    theta_name = "iter_local"
+    # Quagmire Appendix H, Table 7: Iter_Local grid, most communication (fewest local steps) first.
+    theta_grid = (5.0, 10.0, 20.0, 50.0, 200.0, 500.0, 1000.0)
+    # FedIR self-normalizes its per-sample weights within each minibatch (Hsu et al. 2020, eq. 4).
+    self_normalized_weights = False
+
+    def __init__(self, *, flat: FlatParams, comm: Any, momentum: float, ctx: AlgoContext, iter_local: int = 20,
+                 reset_momentum: bool = False, client_fraction: float = 1.0) -> None:
+        super().__init__(flat=flat, comm=comm, momentum=momentum, ctx=ctx)
+        if int(iter_local) < 1:
+            raise ValueError(f"--iter-local must be >= 1, got {iter_local!r}")
+        if not 0 < client_fraction <= 1:
+            raise ValueError(f"--client-fraction must be in (0, 1], got {client_fraction!r}")
+        # hyper-parameters
+        self.iter_local = int(iter_local)
+        self.reset_momentum = bool(reset_momentum)
+        self.client_fraction = float(client_fraction)
+        self.num_selected = num_participants(self.client_fraction, ctx.world_size)
+        self.sizes = np.asarray(ctx.label_counts, dtype=np.int64).sum(axis=1)
+        if len(self.sizes) != ctx.world_size:
+            raise ValueError(f"label_counts has {len(self.sizes)} rows for {ctx.world_size} partitions")
+        # internal state: preallocated flat buffers (DESIGN.md rule 12)
+        n = flat.numel
+        self.nbuf = sum(b.numel() for b in flat.float_buffers)
+        self.global_w = flat.data.clone()                            # w_t, the round's starting model
+        self.wire = torch.empty(n + self.nbuf, dtype=flat.data.dtype, device=flat.data.device)
+        self._download: torch.Tensor | None = None                   # allocated on first download
+        self._diag = torch.zeros(3, dtype=torch.float64)
+        self._sample_w = torch.empty(ctx.batch_size, dtype=flat.data.dtype, device=flat.data.device)
+        self.round = 0                  # index t of the current round
+        self.steps_in_round = 0         # trainer steps done in the current round
+        self.round_len = 0
+        self.selected: tuple[int, ...] = ()
+        self.holders: frozenset[int] = frozenset(range(ctx.world_size))   # ranks holding w_t (all at t=0)
+        self._pending_theta: float | None = None
+        # statistics
+        self.syncs = 0
+        self.download_count = 0
+        self.last_delta = float("nan")
+        self._delta_sum = 0.0
+        self._delta_n = 0
+        self._begin_round()
+
+    @classmethod
+    def from_config(cls, cfg: Any, *, flat: FlatParams, comm: Any, ctx: AlgoContext) -> "FedAvg":
+        """The combination of variants that ``cfg.algo`` asks for (they compose; see ``variant_class``)."""
+        a = cfg.algo
+        if a.fedir and a.iwds is not None:
+            raise ValueError("--fedir and --iwds both reweight each partition's loss by label (FedIR towards the "
+                             "global label distribution, IWDS towards balanced labels); choose one")
+        if a.server_nesterov and a.server_momentum == 0:
+            warnings.warn("--server-nesterov does nothing with --server-momentum 0", stacklevel=2)
+        kw: dict[str, Any] = dict(flat=flat, comm=comm, momentum=cfg.optim.momentum, ctx=ctx, iter_local=a.iter_local,
+                                  reset_momentum=a.reset_momentum, client_fraction=a.client_fraction)
+        server = a.server_momentum > 0 or a.server_lr != 1.0 or a.server_nesterov
+        if server:
+            kw.update(server_momentum=a.server_momentum, server_lr=a.server_lr, nesterov=a.server_nesterov)
+        if a.prox_mu > 0:
+            kw.update(prox_mu=a.prox_mu)
+        if a.iwds is not None:
+            kw.update(iwds=tuple(a.iwds))
+        if a.virtual_client_size > 0:
+            kw.update(virtual_client_size=a.virtual_client_size)
+            if a.iter_local != 20:
+                warnings.warn(f"--iter-local {a.iter_local} is ignored with --virtual-client-size: a FedVC round is "
+                              f"ceil({a.virtual_client_size} / batch size) steps", stacklevel=2)
+        klass = variant_class(fedavgm=server, fedprox=a.prox_mu > 0, fedir=a.fedir, iwds=a.iwds is not None,
+                              fedvc=a.virtual_client_size > 0)
+        return klass(**kw)
+
+    # ---- round structure (overridden by FedVC) -------------------------------------------
+    def round_length(self) -> int:
+        """Trainer steps per round: Iter_Local."""
+        return self.iter_local
+
+    def select_partitions(self, round_index: int) -> tuple[int, ...]:
+        """Round ``round_index``'s participants, sorted: all, or m drawn uniformly without
+        replacement from a generator seeded by (seed, round) -- identical on every rank."""
+        k, m = self.ctx.world_size, self.num_selected
+        if m == k:
+            return tuple(range(k))
+        rng = np.random.default_rng([self.ctx.seed, round_index, _SELECT_TAG])
+        return tuple(sorted(int(i) for i in rng.choice(k, size=m, replace=False)))
+
+    def averaging_weights(self, selected: tuple[int, ...]) -> np.ndarray:
+        """p_k over the participants: proportional to partition size (McMahan et al.)."""
+        n = self.sizes[list(selected)].astype(np.float64)
+        return n / n.sum()
+
+    def on_round_start(self) -> None:
+        """Per-round setup of a variant (IWDS: beta_t). Called on every rank after the download."""
+
+    # ---- hooks -----------------------------------------------------------------------------
+    @property
+    def is_selected(self) -> bool:
+        return self.ctx.rank in self.selected
+
+    def computes(self, step: int) -> bool:
+        return self.is_selected
+
+    def local_update(self, step: int, lr: float) -> None:
+        if self.is_selected:
+            super().local_update(step, lr)
+
+    def after_step(self, step: int, lr: float) -> None:
+        self.steps_in_round += 1
+        if self.steps_in_round == self.round_len:
+            self._synchronize()
+            if step + 1 < self.ctx.total_steps:
+                self._begin_round()
+
+    def finish(self) -> None:
+        """Average a partial last round (training ended before its Iter_Local steps)."""
+        if self.steps_in_round > 0:
+            self._synchronize()
+
+    def label_weights(self) -> torch.Tensor | None:
+        """Per-class loss weights of this partition ([C]), or None (FedIR, IWDS override)."""
+        return None
+
+    def valid_in_batch(self) -> int:
+        """Examples of this step's minibatch that count (FedVC pads its last minibatch)."""
+        return self.ctx.batch_size
+
+    def sample_weights(self, labels: torch.Tensor, step: int) -> torch.Tensor | None:
+        """Weights w_i with loss = mean(w_i * l_i): the class table looked up per label (1 without
+        one), zero on padding, scaled so the loss is the mean over the valid examples -- or, for
+        self-normalized weights (FedIR), sum(w_i l_i) / sum(w_i) over them."""
+        table = self.label_weights()
+        b, r = len(labels), self.valid_in_batch()
+        if table is None and r == b:
+            return None
+        w = self._sample_w[:b]
+        if table is None:
+            w.fill_(1.0)
+        else:
+            torch.index_select(table, 0, labels, out=w)
+        if r < b:
+            w[r:] = 0.0
+        total = float(w[:r].sum()) if self.self_normalized_weights else float(r)
+        return w.mul_(b / total)
+
+    # ---- the round -------------------------------------------------------------------------
+    def _begin_round(self) -> None:
+        """Choose round t's participants, bring stale ones up to date, reset momentum if asked."""
+        if self._pending_theta is not None:
+            self.apply_theta(self._pending_theta)
+            self._pending_theta = None
+        self.round_len = self.round_length()
+        self.selected = self.select_partitions(self.round)
+        self.steps_in_round = 0
+        stale = sorted(set(self.selected) - self.holders)
+        if stale:
+            self._download_global(src=min(self.holders), stale=stale)
+        if self.is_selected:
+            self.flat.data.copy_(self.global_w)             # line 3: w^k <- w_t
+            if self.reset_momentum:
+                self.u.zero_()
+        self.on_round_start()
+
+    def server_state(self) -> list[torch.Tensor]:
+        """Tensors a participant must hold besides BatchNorm buffers: w_t (FedAvgM adds v)."""
+        return [self.global_w]
+
+    def _download_global(self, src: int, stale: list[int]) -> None:
+        tensors = self.server_state() + list(self.flat.float_buffers)
+        total = sum(t.numel() for t in tensors)
+        if self._download is None or self._download.numel() != total:
+            self._download = torch.empty(total, dtype=self.flat.data.dtype, device=self.flat.data.device)
+        buf = self._download
+        if self.ctx.rank == src:
+            _pack(tensors, buf)
+        self.comm.broadcast(buf, src, "model", ranks=[src, *stale])
+        if self.ctx.rank in stale:
+            _unpack(buf, tensors)
+            self.download_count += 1
+        self.holders = self.holders | frozenset(stale)
+
+    def _synchronize(self) -> None:
+        """Line 8 over the participants; every rank calls it (non-participants are charged nothing)."""
+        sel = self.selected
+        n = self.flat.numel
+        partial = len(sel) < self.ctx.world_size
+        delta = self.wire[:n]
+        diag = self._diag                    # [sum_k ||w^k - w_t||, |S|, ||w_{t+1}|| / |S|] (Appendix G)
+        diag.zero_()
+        if not self.is_selected:
+            self.comm.all_reduce(self.wire, "model", ranks=list(sel))   # returns at once, charges nothing
+        else:
+            p = float(self.averaging_weights(sel)[sel.index(self.ctx.rank)])
+            torch.sub(self.global_w, self.flat.data, out=delta)          # w_t - w^k
+            diag[0] = float(torch.linalg.vector_norm(delta))
+            diag[1] = 1.0
+            delta.mul_(p)
+            _pack(self.flat.float_buffers, self.wire[n:])
+            self.wire[n:].mul_(p)
+            if partial:
+                self.comm.all_reduce(self.wire, "model", ranks=list(sel))
+            else:
+                self.comm.all_reduce(self.wire, "model")
+            self.server_update(delta)                                    # w_{t+1}
+            self.flat.data.copy_(self.global_w)
+            _unpack(self.wire[n:], self.flat.float_buffers)
+            diag[2] = float(torch.linalg.vector_norm(self.global_w)) / len(sel)
+        self.comm.meta_all_reduce(diag)
+        self.last_delta = float(diag[0] / diag[1] / diag[2]) if float(diag[2]) > 0 else float("nan")
+        self._delta_sum += self.last_delta
+        self._delta_n += 1
+        self.holders = frozenset(sel)
+        self.steps_in_round = 0
+        self.syncs += 1
+        self.round += 1
+
+    def server_update(self, delta: torch.Tensor) -> None:
+        """w_{t+1} = w_t - delta (plain model averaging). FedAvgM overrides."""
+        self.global_w.sub_(delta)
+
+    # ---- what the trainer reads --------------------------------------------------------------
+    @property
+    def models_agree(self) -> bool:
+        """True right after an average when every partition took part (or K = 1)."""
+        return self.ctx.world_size == 1 or (self.steps_in_round == 0 and len(self.holders) == self.ctx.world_size)
+
+    @property
+    def global_model_rank(self) -> int | None:
+        """A rank whose weights are the global model right now (at a round boundary), else None."""
+        return min(self.holders) if self.steps_in_round == 0 else None
+
+    @property
+    def theta(self) -> float:
+        return float(self.iter_local)
+
+    @theta.setter
+    def theta(self, value: float | None) -> None:
+        """New knob value; takes effect at the next round (every rank sets it at the same step)."""
+        if value is None or int(value) != value or value < 1:
+            raise ValueError(f"{self.name}: {self.theta_name} must be an integer >= 1, got {value!r}")
+        self._pending_theta = float(value)
+
+    def apply_theta(self, value: float) -> None:
+        """Set the knob at a round boundary: Iter_Local (FedVC overrides: N_VC)."""
+        self.iter_local = int(value)
+
+    def stats(self) -> dict[str, float]:
+        """Last sync's local update delta and the mean over the syncs since the previous call."""
+        mean = self._delta_sum / self._delta_n if self._delta_n else float("nan")
+        self._delta_sum, self._delta_n = 0.0, 0
+        return {"fedavg_round": float(self.round), "fedavg_participants": float(len(self.selected)),
+                "fedavg_round_steps": float(self.round_len), "fedavg_local_update_delta": self.last_delta,
+                "fedavg_local_update_delta_mean": mean}
+
+    # ---- checkpoint ----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"u": self.u.clone(), "global_w": self.global_w.clone(), "round": self.round,
+                "steps_in_round": self.steps_in_round, "iter_local": self.iter_local,
+                "holders": sorted(self.holders), "syncs": self.syncs}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.u.copy_(state["u"])
+        self.global_w.copy_(state["global_w"])
+        self.iter_local = int(state["iter_local"])
+        self.round = int(state["round"])
+        self.holders = frozenset(int(r) for r in state["holders"])
+        self.syncs = int(state["syncs"])
+        self.round_len = self.round_length()
+        self.selected = self.select_partitions(self.round)
+        self.steps_in_round = int(state["steps_in_round"])
+
+
+def _pack(tensors: list[torch.Tensor], buf: torch.Tensor) -> None:
+    off = 0
+    for t in tensors:
+        buf[off:off + t.numel()].copy_(t.reshape(-1))
+        off += t.numel()
+
+
+def _unpack(buf: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    off = 0
+    for t in tensors:
+        t.copy_(buf[off:off + t.numel()].view_as(t))
+        off += t.numel()
+
+
+def variant_class(*, fedavgm: bool = False, fedprox: bool = False, fedir: bool = False, iwds: bool = False,
+                  fedvc: bool = False) -> type[FedAvg]:
+    """FedAvg with the chosen variants mixed in (cooperative subclasses; each overrides its own
+    hooks and calls ``super()``). FedIR and IWDS both set the per-class loss weights: rejected."""
+    if fedir and iwds:
+        raise ValueError("FedIR and IWDS both set the per-class loss weights; choose one")
+    from geodml.algorithms.fedavgm import FedAvgM
+    from geodml.algorithms.fedir import FedIR
+    from geodml.algorithms.fedprox import FedProx
+    from geodml.algorithms.fedvc import FedVC
+    from geodml.algorithms.iwds import IWDS
+
+    chosen = [c for c, on in ((FedVC, fedvc), (FedIR, fedir), (IWDS, iwds), (FedProx, fedprox), (FedAvgM, fedavgm))
+              if on]
+    if not chosen:
+        return FedAvg
+    if len(chosen) == 1:
+        return chosen[0]
+    name = "+".join(c.name for c in chosen)
+    return type(name.replace("+", "_"), tuple(chosen), {"name": name, "__doc__": f"FedAvg with {name}."})

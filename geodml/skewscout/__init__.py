@@ -1,0 +1,96 @@
+"""SkewScout (Quagmire §7): model traveling + communication control, run every travel interval.
+
+``SkewScout.maybe_run(step)`` is called by the trainer after every step on every rank. At
+each multiple of ``travel_every`` it (1) travels models (geodml.skewscout.traveling), (2)
+sends each partition's accuracy loss and the algorithm bytes it sent during the interval to
+rank 0 (kind ``control``, 8 B each), (3) rank 0's controller (geodml.skewscout.controller)
+picks the next theta from the mean accuracy loss and the total bytes, (4) rank 0 broadcasts
+it (kind ``control``) and every rank applies it through ``algorithm.theta`` at the same step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from geodml.skewscout.controller import Controller, Decision
+from geodml.skewscout.traveling import ModelTraveler
+
+# Traffic that is the algorithm's own (what theta controls); travel/control are SkewScout's.
+ALGORITHM_KINDS = ("gradient", "update", "model")
+
+
+class SkewScout:
+    def __init__(self, *, cfg: Any, algo: Any, traveler: ModelTraveler, comm: Any, rank: int, world_size: int,
+                 model_bytes: int, seed: int) -> None:
+        if algo.theta_name is None:
+            raise ValueError(f"--skewscout needs an algorithm with a communication knob; --algo {algo.name} has none "
+                             "(use gaia, fedavg or dgc)")
+        self.cfg, self.algo, self.traveler, self.comm = cfg, algo, traveler, comm
+        self.rank, self.world_size = rank, world_size
+        self.rounds = 0
+        self.last_bytes = 0
+        self.controller = Controller(algo.theta_grid, algo.theta, model_exchange_bytes=world_size * model_bytes,
+                                     lambda_al=cfg.lambda_al, lambda_c=cfg.lambda_c, sigma_al=cfg.sigma_al,
+                                     search=cfg.search, comm_ratio=getattr(algo, "comm_ratio", None) or _inverse,
+                                     seed=seed)
+        # start from the grid point nearest to the configured knob
+        self.algo.theta = self.controller.theta
+        self.trajectory: list[dict] = [{"step": 0, "theta": self.controller.theta}]
+        self.msg = np.zeros(2, dtype=np.float64)
+        self.theta_t = torch.zeros(1, dtype=torch.float64)
+
+    def _algorithm_bytes(self) -> int:
+        return sum(r["bytes"] for r in self.comm.ledger.rows() if r["kind"] in ALGORITHM_KINDS)
+
+    def maybe_run(self, step: int) -> dict | None:
+        """Run SkewScout if ``step`` (steps done so far) ends a travel interval; return its record."""
+        if step == 0 or step % self.cfg.travel_every:
+            return None
+        res = self.traveler.travel(self.rounds, step)
+        self.rounds += 1
+        total = self._algorithm_bytes()
+        interval_bytes, self.last_bytes = total - self.last_bytes, total
+        self.msg[0], self.msg[1] = res["accuracy_loss"], interval_bytes
+        record: dict = {}
+        if self.rank == 0:
+            als, byts = [res["accuracy_loss"]], [interval_bytes]
+            for src in range(1, self.world_size):
+                arr = self.comm.recv(src, "control", step=step)[0]
+                als.append(float(arr[0]))
+                byts.append(int(arr[1]))
+            d: Decision = self.controller.decide(float(np.mean(als)), int(sum(byts)))
+            self.theta_t[0] = d.theta_after
+            record = {"accuracy_loss": d.accuracy_loss, "accuracy_loss_per_partition": als, "theta_before": d.theta_before,
+                      "theta": d.theta_after, "skewscout_bytes_interval": d.bytes_interval,
+                      "skewscout_objective": {str(k): v for k, v in d.objective.items()},
+                      "skewscout_estimated": d.estimated}
+        else:
+            self.comm.send(0, "control", [self.msg], step=step)
+        self.comm.broadcast(self.theta_t, 0, "control")
+        theta = float(self.theta_t[0])
+        if theta != self.algo.theta:
+            self.algo.theta = theta
+        self.trajectory.append({"step": step, "theta": theta})
+        return record
+
+    def summary(self) -> dict:
+        return {"theta_trajectory": self.trajectory, "skewscout_rounds": self.rounds}
+
+    def state_dict(self) -> dict:
+        return {"rounds": self.rounds, "last_bytes": self.last_bytes, "trajectory": list(self.trajectory),
+                "controller": self.controller.state_dict()}
+
+    def load_state_dict(self, s: dict) -> None:
+        self.rounds, self.last_bytes = int(s["rounds"]), int(s["last_bytes"])
+        self.trajectory = list(s["trajectory"])
+        self.controller.load_state_dict(s["controller"])
+
+
+def _inverse(theta_from: float, theta_to: float) -> float:
+    return theta_from / theta_to
+
+
+__all__ = ["SkewScout", "Controller", "ModelTraveler"]

@@ -1,0 +1,79 @@
+"""Model traveling: estimate the accuracy loss between partitions (Quagmire §7.1-7.2).
+
+Every travel round each partition k sends its current model (weights and BatchNorm buffers)
+to one remote partition over the ZeroMQ transport (kind ``travel``). The pairing is a seeded
+rotation: in round r partition k sends to (k + s) mod K and receives from (k - s) mod K with
+shift s = 1 + (r + offset) mod (K-1), offset drawn once from the run seed, so every ordered
+pair is visited once every K-1 rounds and every partition hosts exactly one visitor per round.
+
+The host evaluates the visitor on a random subset of its own training data (``samples``
+examples, seeded by round) and returns the accuracy (kind ``control``, one float32). The
+sender evaluates its own model on a same-size random subset of its own data; the accuracy
+loss is AL_k = local_k - remote_k. Evaluation is in eval mode (BatchNorm uses the model's
+running statistics), so both sides measure the same function.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from geodml.algorithms.base import FlatParams, copy_array_into
+
+
+class ModelTraveler:
+    def __init__(self, *, rank: int, world_size: int, model: nn.Module, flat: FlatParams, comm: Any,
+                 train_x: torch.Tensor, train_y: torch.Tensor, local_indices: np.ndarray, samples: int, seed: int) -> None:
+        if world_size < 2:
+            raise ValueError("--skewscout needs at least 2 partitions to travel models between")
+        self.rank, self.world_size = rank, world_size
+        self.model, self.flat, self.comm = model, flat, comm
+        self.train_x, self.train_y = train_x, train_y
+        self.local_indices = np.asarray(local_indices, dtype=np.int64)
+        self.samples = min(int(samples), len(self.local_indices))
+        self.seed = seed
+        self.offset = int(np.random.default_rng([seed, 0x7EA]).integers(world_size - 1))
+        # The visitor lives in a preallocated copy of the model.
+        self.visitor = copy.deepcopy(model)
+        self.visitor_flat = FlatParams(self.visitor)
+        self.acc_buf = np.zeros(1, dtype=np.float32)
+
+    def partners(self, round_: int) -> tuple[int, int]:
+        """(destination, source) of this partition's model exchange in ``round_``."""
+        k = self.world_size
+        shift = 1 + (round_ + self.offset) % (k - 1)
+        return (self.rank + shift) % k, (self.rank - shift) % k
+
+    def _subset(self, round_: int, salt: int) -> torch.Tensor:
+        rng = np.random.default_rng([self.seed, self.rank, round_, salt])
+        idx = rng.choice(self.local_indices, size=self.samples, replace=False)
+        return torch.from_numpy(np.sort(idx)).to(self.train_x.device)
+
+    @torch.no_grad()
+    def _accuracy(self, model: nn.Module, idx: torch.Tensor) -> float:
+        was = model.training
+        model.eval()
+        correct = int((model(self.train_x[idx]).argmax(1) == self.train_y[idx]).sum())
+        model.train(was)
+        return correct / len(idx)
+
+    def travel(self, round_: int, step: int) -> dict[str, float]:
+        """One travel round; returns local, remote accuracy and AL for this partition's model."""
+        dst, src = self.partners(round_)
+        payload = [self.flat.data, *self.flat.float_buffers]
+        self.comm.send(dst, "travel", payload, step=step)
+        arrays = self.comm.recv(src, "travel", step=step)
+        copy_array_into(self.visitor_flat.data, arrays[0])
+        for b, a in zip(self.visitor_flat.float_buffers, arrays[1:]):
+            copy_array_into(b, a)
+        host_acc = self._accuracy(self.visitor, self._subset(round_, 1))
+        self.acc_buf[0] = host_acc
+        self.comm.send(src, "control", [self.acc_buf], step=step)
+        local = self._accuracy(self.model, self._subset(round_, 2))
+        remote = float(self.comm.recv(dst, "control", step=step)[0][0])
+        return {"local_accuracy": local, "remote_accuracy": remote, "accuracy_loss": local - remote,
+                "dst": dst, "src": src}
