@@ -34,6 +34,9 @@ def check_before_start(cfg: RunConfig, env: Env) -> None:
         if env.world_size < 2:
             raise ValueError("--skewscout travels models between partitions: run at least 2 processes (torchrun --nproc_per_node=K)")
     check_dataset_available(cfg.data.dataset, cfg.data.data_dir)
+    if cfg.metrics_port and cfg.metrics_port + env.local_world_size - 1 > 65535:
+        raise ValueError(f"--metrics-port {cfg.metrics_port}: the {env.local_world_size} ranks of this node need ports up to "
+                         f"{cfg.metrics_port + env.local_world_size - 1}; choose a base <= {65536 - env.local_world_size}")
     load_topology(cfg.comm.topology).placement(env.world_size)
     if cfg.out is not None:
         out = Path(cfg.out)
@@ -74,12 +77,23 @@ def run(cfg: RunConfig, env: Env) -> dict | None:
     rank, world = env.rank, env.world_size
     is0 = rank == 0
     comm = None
+    exporter = None
     sink: Sink = Sink()
     try:
         device = init_process_group(env, backend, cfg.comm.timeout_s)
         seed_everything(cfg.seed, rank)
         out = agree_on_out_dir(env, cfg.out, cfg.algo.algo)
         comm = build_comm(cfg.comm, rank=rank, world_size=world)
+        if cfg.metrics_port:  # every rank's exporter; rank 0 writes the Prometheus file_sd targets
+            from geodml.metrics.prometheus import file_sd_groups, start_rank_exporter
+            exporter, targets = start_rank_exporter(comm, rank=rank, local_rank=env.local_rank, base_port=cfg.metrics_port,
+                                                    host=cfg.metrics_host, run=out.name, algo=cfg.algo.algo, device=device)
+            if is0:
+                out.mkdir(parents=True, exist_ok=True)
+                _write_json(out / "prometheus_targets.json",
+                            file_sd_groups(targets, comm.region_of_rank, run=out.name, algo=cfg.algo.algo))
+                print(f"metrics: Prometheus exporters at {', '.join(targets)} (file_sd: {out / 'prometheus_targets.json'})",
+                      flush=True)
 
         # Data: every rank computes ALL partitions from the seed and keeps its own.
         ds = load_dataset(cfg.data.dataset, cfg.data.data_dir, seed=cfg.seed)
@@ -123,9 +137,14 @@ def run(cfg: RunConfig, env: Env) -> dict | None:
                                      samples=cfg.skewscout.travel_samples, seed=cfg.seed)
             skewscout = SkewScout(cfg=cfg.skewscout, algo=algo, traveler=traveler, comm=comm, rank=rank, world_size=world,
                                   model_bytes=flat.numel * flat.data.element_size(), seed=cfg.seed)
+        if exporter is not None:
+            sink = MultiSink([sink, exporter])  # every rank: the exporter keeps the last validation accuracy
         trainer = Trainer(rank=rank, world_size=world, model=model, flat=flat, algo=algo, comm=comm, optim=cfg.optim,
                           train_x=train_x, train_y=train_y, test_x=ds.test_x.to(device), test_y=ds.test_y.to(device), local_indices=parts[rank], seed=cfg.seed, total_steps=total_steps,
                           spe=spe, eval_every=cfg.eval_every, log_every=cfg.log_every, sink=sink, skewscout=skewscout)
+        if exporter is not None:  # read at scrape time, nothing per step
+            exporter.watch(state=trainer.state, algo=algo, accuracy_loss=None if skewscout is None else
+                           (lambda: float(skewscout.msg[0]) if skewscout.rounds else None))
         result = trainer.run()
         sink.close()
 
@@ -141,7 +160,7 @@ def run(cfg: RunConfig, env: Env) -> dict | None:
         summary = {
             "algo": cfg.algo.algo,
             "final_val_accuracy": final["val_accuracy"],
-            "final_model": "global" if algo.models_agree else "average_of_weights",
+            "final_model": "global" if algo.models_agree or algo.global_model_rank is not None else "average_of_weights",
             "per_rank_val_accuracy": result["per_rank_val_accuracy"],
             "final_val_loss": final["val_loss"],
             "final_train_loss": final["train_loss"],
@@ -170,6 +189,13 @@ def run(cfg: RunConfig, env: Env) -> dict | None:
         return summary
     finally:
         sink.close()
+        if exporter is not None:
+            if sys.exc_info()[0] is None and cfg.metrics_linger_s > 0:  # linger only after a successful run
+                if is0:
+                    print(f"metrics: exporters stay up {cfg.metrics_linger_s:g} s (--metrics-linger) for the last scrape",
+                          flush=True)
+                time.sleep(cfg.metrics_linger_s)
+            exporter.stop()
         if comm is not None:
             comm.close()
         destroy_process_group()

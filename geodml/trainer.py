@@ -102,6 +102,8 @@ class TrainState:
     correct: int = 0
     seen: int = 0
     history: list = field(default_factory=list)
+    local_train_loss: float = math.nan
+    """This rank's own mean training loss over the last log interval that had steps (read by the exporter)."""
 
 
 class Trainer:
@@ -174,10 +176,10 @@ class Trainer:
                 if decision:  # rank 0 only
                     self.sink.log({"step": s.step, "epoch": s.step / self.spe, "emulated_s": self._emulated_s(),
                                    "wall_s": time.monotonic() - self.wall_t0, **decision})
-            last = s.step == self.total_steps
-            do_eval = s.step % self.eval_every == 0 or last
-            if do_eval or s.step % self.log_every == 0:
-                self._log(lr, with_eval=do_eval and not last)
+            if s.step < self.total_steps:  # the last step is logged by _finish, with the final evaluation
+                do_eval = s.step % self.eval_every == 0
+                if do_eval or s.step % self.log_every == 0:
+                    self._log(lr, with_eval=do_eval)
         self.algo.finish()
         return self._finish(lr)
 
@@ -204,22 +206,33 @@ class Trainer:
         rec.update(self.algo.stats())
         if with_eval:
             rec["val_accuracy"], rec["val_loss"] = self.evaluate_global()
+        if s.loss_count:
+            s.local_train_loss = s.loss_sum / s.loss_count
         s.loss_sum = s.loss_count = s.correct = s.seen = 0
         self.sink.log(rec)
         s.history.append(rec)
         return rec
 
     def _swap_in_global(self) -> None:
-        """Replace local weights/buffers by the partitions' average (uncharged bookkeeping)."""
+        """Replace local weights/buffers by the global model (uncharged bookkeeping): the weights
+        of ``algo.global_model_rank`` when it names one, else the partitions' average."""
         k = self.world_size
-        if not self.algo.models_agree:
+        agree = self.algo.models_agree
+        src = None if agree else self.algo.global_model_rank
+        if not agree:
             self._backup.copy_(self.flat.data)
-            self.comm.meta_all_reduce(self.flat.data)
-            self.flat.data.div_(k)
+            if src is None:
+                self.comm.meta_all_reduce(self.flat.data)
+                self.flat.data.div_(k)
+            else:
+                self.comm.meta_broadcast(self.flat.data, src)
         for b, bk in zip(self.flat.float_buffers, self._buf_backup):
             bk.copy_(b)
-            self.comm.meta_all_reduce(b)
-            b.div_(k)
+            if src is None:
+                self.comm.meta_all_reduce(b)
+                b.div_(k)
+            else:
+                self.comm.meta_broadcast(b, src)
 
     def _swap_out_global(self) -> None:
         if not self.algo.models_agree:

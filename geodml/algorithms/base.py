@@ -155,6 +155,12 @@ class Algorithm:
         return True
 
     @property
+    def global_model_rank(self) -> int | None:
+        """When ``models_agree`` is False: a rank whose weights ARE the global model (FedAvg with
+        client sampling, at a round boundary), or None to average all partitions' weights."""
+        return None
+
+    @property
     def theta(self) -> float | None:
         return None
 

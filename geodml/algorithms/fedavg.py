@@ -21,14 +21,19 @@ final model is always a global one. The next round is set up right after an aver
 the run's last step, so no bytes are spent on a round that never runs).
 
 Client sampling (``--client-fraction C``, McMahan et al. Algorithm 1: m = max(floor(C*K), 1)):
-round t's participants are a seeded draw ``np.random.default_rng([seed, t, 0xFEDA])``,
+round t's participants S_t are a seeded draw ``np.random.default_rng([seed, t, 0xFEDA])``,
 identical on every rank. Only participants compute (``computes`` is False elsewhere) and only
-they all-reduce (``Comm.all_reduce(..., ranks=S_t)``); the others wait and are charged nothing.
-A participant that missed the last average does not hold w_t: at the start of round t it
-downloads the global state (w_t, server momentum if any, BatchNorm buffers) from the lowest
-rank of S_{t-1}, charged to that rank as kind ``model`` (``Comm.broadcast(..., ranks=)``).
-Non-participants keep their stale model; ``global_model_rank`` names a rank that holds the
-global one.
+they exchange bytes; the others wait and are charged nothing. With m < K the average goes
+through the ZeroMQ point-to-point transport as a star: every participant but the lowest-ranked
+sends its weighted contribution to the lowest-ranked one, which sums them in rank order and
+sends the sum back (kind ``model``; 2(m-1) model-sized messages per round -- the same total as
+a ring all-reduce among the m, concentrated on the leader's links; every participant ends with
+the same bits). A participant that missed the last average does not hold w_t: at the start of
+round t it downloads the global state (w_t, the server momentum if any, BatchNorm buffers) from
+the lowest rank of S_{t-1}, charged to that sender as kind ``model``. Non-participants keep
+their stale model; ``global_model_rank`` names a rank that holds the global one. With m = K
+(the paper's setting) the average is one ``Comm.all_reduce`` (ring cost model) and there are
+no downloads.
 
 Diagnostic (Quagmire Appendix G, Figure 23): at every synchronization the *average local
 update delta* ``mean_{k in S_t} ||w^k - w_t|| / ||w_{t+1}||`` -- how far each participant's
@@ -52,9 +57,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from geodml.algorithms.base import AlgoContext, Algorithm, FlatParams
+from geodml.algorithms.base import AlgoContext, Algorithm, FlatParams, copy_array_into
+from geodml.config import AlgoConfig
 
 _SELECT_TAG = 0xFEDA
+_ITER_LOCAL_DEFAULT = AlgoConfig.__dataclass_fields__["iter_local"].default
 
 
 def num_participants(client_fraction: float, world_size: int) -> int:
@@ -93,7 +100,7 @@ class FedAvg(Algorithm):
         self.global_w = flat.data.clone()                            # w_t, the round's starting model
         self.wire = torch.empty(n + self.nbuf, dtype=flat.data.dtype, device=flat.data.device)
         self._download: torch.Tensor | None = None                   # allocated on first download
-        self._diag = torch.zeros(3, dtype=torch.float64)
+        self._diag = torch.zeros(3, dtype=torch.float64, device=flat.data.device)
         self._sample_w = torch.empty(ctx.batch_size, dtype=flat.data.dtype, device=flat.data.device)
         self.round = 0                  # index t of the current round
         self.steps_in_round = 0         # trainer steps done in the current round
@@ -120,6 +127,7 @@ class FedAvg(Algorithm):
             warnings.warn("--server-nesterov does nothing with --server-momentum 0", stacklevel=2)
         kw: dict[str, Any] = dict(flat=flat, comm=comm, momentum=cfg.optim.momentum, ctx=ctx, iter_local=a.iter_local,
                                   reset_momentum=a.reset_momentum, client_fraction=a.client_fraction)
+        # any server-optimizer setting selects FedAvgM (beta = 0 with server_lr != 1 is server SGD)
         server = a.server_momentum > 0 or a.server_lr != 1.0 or a.server_nesterov
         if server:
             kw.update(server_momentum=a.server_momentum, server_lr=a.server_lr, nesterov=a.server_nesterov)
@@ -129,7 +137,7 @@ class FedAvg(Algorithm):
             kw.update(iwds=tuple(a.iwds))
         if a.virtual_client_size > 0:
             kw.update(virtual_client_size=a.virtual_client_size)
-            if a.iter_local != 20:
+            if a.iter_local != _ITER_LOCAL_DEFAULT:
                 warnings.warn(f"--iter-local {a.iter_local} is ignored with --virtual-client-size: a FedVC round is "
                               f"ceil({a.virtual_client_size} / batch size) steps", stacklevel=2)
         klass = variant_class(fedavgm=server, fedprox=a.prox_mu > 0, fedir=a.fedir, iwds=a.iwds is not None,
@@ -236,42 +244,55 @@ class FedAvg(Algorithm):
         if self._download is None or self._download.numel() != total:
             self._download = torch.empty(total, dtype=self.flat.data.dtype, device=self.flat.data.device)
         buf = self._download
+        tag = 2 * self.round + 1
         if self.ctx.rank == src:
             _pack(tensors, buf)
-        self.comm.broadcast(buf, src, "model", ranks=[src, *stale])
-        if self.ctx.rank in stale:
+            for dst in stale:
+                self.comm.send(dst, "model", [buf], step=tag)
+        elif self.ctx.rank in stale:
+            copy_array_into(buf, self.comm.recv(src, "model", step=tag)[0])
             _unpack(buf, tensors)
             self.download_count += 1
         self.holders = self.holders | frozenset(stale)
+
+    def _average(self, buf: torch.Tensor, sel: tuple[int, ...]) -> None:
+        """Sum ``buf`` over the participants ``sel`` in place (called by participants only)."""
+        if len(sel) == self.ctx.world_size:
+            self.comm.all_reduce(buf, "model")
+            return
+        leader, tag = sel[0], 2 * self.round
+        if self.ctx.rank != leader:
+            self.comm.send(leader, "model", [buf], step=tag)
+            copy_array_into(buf, self.comm.recv(leader, "model", step=tag)[0])
+            return
+        for r in sel[1:]:                                   # rank order: the same sum on every run
+            _add_from(buf, self.comm.recv(r, "model", step=tag)[0])
+        for r in sel[1:]:
+            self.comm.send(r, "model", [buf], step=tag)
 
     def _synchronize(self) -> None:
         """Line 8 over the participants; every rank calls it (non-participants are charged nothing)."""
         sel = self.selected
         n = self.flat.numel
-        partial = len(sel) < self.ctx.world_size
         delta = self.wire[:n]
         diag = self._diag                    # [sum_k ||w^k - w_t||, |S|, ||w_{t+1}|| / |S|] (Appendix G)
         diag.zero_()
-        if not self.is_selected:
-            self.comm.all_reduce(self.wire, "model", ranks=list(sel))   # returns at once, charges nothing
-        else:
+        if self.is_selected:
             p = float(self.averaging_weights(sel)[sel.index(self.ctx.rank)])
             torch.sub(self.global_w, self.flat.data, out=delta)          # w_t - w^k
-            diag[0] = float(torch.linalg.vector_norm(delta))
+            diag[0] = torch.linalg.vector_norm(delta)
             diag[1] = 1.0
             delta.mul_(p)
             _pack(self.flat.float_buffers, self.wire[n:])
             self.wire[n:].mul_(p)
-            if partial:
-                self.comm.all_reduce(self.wire, "model", ranks=list(sel))
-            else:
-                self.comm.all_reduce(self.wire, "model")
+            self._average(self.wire, sel)
             self.server_update(delta)                                    # w_{t+1}
             self.flat.data.copy_(self.global_w)
             _unpack(self.wire[n:], self.flat.float_buffers)
-            diag[2] = float(torch.linalg.vector_norm(self.global_w)) / len(sel)
+            diag[2] = torch.linalg.vector_norm(self.global_w) / len(sel)
         self.comm.meta_all_reduce(diag)
-        self.last_delta = float(diag[0] / diag[1] / diag[2]) if float(diag[2]) > 0 else float("nan")
+        d = diag.tolist()
+        self.last_delta = d[0] / d[1] / d[2] if d[2] > 0 else float("nan")
         self._delta_sum += self.last_delta
         self._delta_n += 1
         self.holders = frozenset(sel)
@@ -296,26 +317,37 @@ class FedAvg(Algorithm):
 
     @property
     def theta(self) -> float:
-        return float(self.iter_local)
+        """Iter_Local in force for the next round (a pending change included)."""
+        return float(self._pending_theta if self._pending_theta is not None else self.iter_local)
 
     @theta.setter
     def theta(self, value: float | None) -> None:
-        """New knob value; takes effect at the next round (every rank sets it at the same step)."""
+        """New knob value: at once between rounds, else from the next round (every rank sets it at
+        the same step, so every rank switches at the same round)."""
         if value is None or int(value) != value or value < 1:
             raise ValueError(f"{self.name}: {self.theta_name} must be an integer >= 1, got {value!r}")
-        self._pending_theta = float(value)
+        if self.steps_in_round == 0:
+            self._pending_theta = None
+            self.apply_theta(float(value))
+            self.round_len = self.round_length()
+        else:
+            self._pending_theta = float(value)
 
     def apply_theta(self, value: float) -> None:
         """Set the knob at a round boundary: Iter_Local (FedVC overrides: N_VC)."""
         self.iter_local = int(value)
 
     def stats(self) -> dict[str, float]:
-        """Last sync's local update delta and the mean over the syncs since the previous call."""
-        mean = self._delta_sum / self._delta_n if self._delta_n else float("nan")
+        """Round counters; after the first average also the last one's Appendix G local update
+        delta and the mean over the averages since the previous call (one call per log line)."""
+        out = {"fedavg_round": float(self.round), "fedavg_participants": float(len(self.selected)),
+               "fedavg_round_steps": float(self.round_len)}
+        if self.syncs:
+            out["fedavg_local_update_delta"] = self.last_delta
+        if self._delta_n:
+            out["fedavg_local_update_delta_mean"] = self._delta_sum / self._delta_n
         self._delta_sum, self._delta_n = 0.0, 0
-        return {"fedavg_round": float(self.round), "fedavg_participants": float(len(self.selected)),
-                "fedavg_round_steps": float(self.round_len), "fedavg_local_update_delta": self.last_delta,
-                "fedavg_local_update_delta_mean": mean}
+        return out
 
     # ---- checkpoint ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -333,6 +365,14 @@ class FedAvg(Algorithm):
         self.round_len = self.round_length()
         self.selected = self.select_partitions(self.round)
         self.steps_in_round = int(state["steps_in_round"])
+        self.on_round_start()
+
+
+def _add_from(buf: torch.Tensor, arr: np.ndarray) -> None:
+    if buf.device.type == "cpu":
+        np.add(buf.numpy(), arr.reshape(-1), out=buf.numpy())
+    else:
+        buf.add_(torch.from_numpy(np.array(arr).reshape(-1)).to(buf.device))
 
 
 def _pack(tensors: list[torch.Tensor], buf: torch.Tensor) -> None:

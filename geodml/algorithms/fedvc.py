@@ -118,7 +118,7 @@ class FedVC(FedAvg):
     # ---- knob --------------------------------------------------------------------------------
     @property
     def theta(self) -> float:
-        return float(self.virtual_client_size)
+        return float(self._pending_theta if self._pending_theta is not None else self.virtual_client_size)
 
     @theta.setter
     def theta(self, value: float | None) -> None:

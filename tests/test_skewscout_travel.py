@@ -1,0 +1,68 @@
+"""Model traveling across 3 processes with constructed partitions whose accuracy loss is known,
+travel bytes = model size x trips, and the controller's decision applied on every rank."""
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.mp import run_torchrun, run_workers
+
+C = 3  # classes = partitions
+
+
+def _travel_worker(rank, world, mode, rounds):
+    import torch
+
+    from geodml.algorithms.base import FlatParams
+    from geodml.comm import build_comm
+    from geodml.config import CommConfig
+    from geodml.skewscout.traveling import ModelTraveler
+
+    comm = build_comm(CommConfig(wan="off"), rank=rank, world_size=world)
+    try:
+        # Data: one-hot inputs x = e_y; partition k holds only label k (disjoint labels).
+        n = 30
+        y = torch.arange(C).repeat_interleave(n)
+        x = torch.eye(C)[y]
+        model = torch.nn.Linear(C, C)
+        flat = FlatParams(model)
+        with torch.no_grad():
+            if mode == "specialized":
+                # predicts its own label whatever the input: right at home, wrong everywhere else
+                model.weight.zero_()
+                model.bias.zero_()
+                model.bias[rank] = 1.0
+            else:
+                # the identity classifier is right on every partition
+                model.weight.copy_(torch.eye(C))
+                model.bias.zero_()
+        local = np.flatnonzero(y.numpy() == rank)
+        t = ModelTraveler(rank=rank, world_size=world, model=model, flat=flat, comm=comm, train_x=x, train_y=y,
+                          local_indices=local, samples=10, seed=4)
+        out = [t.travel(r, step=100 * (r + 1)) for r in range(rounds)]
+        return {"results": out, "rows": comm.ledger.rows(), "numel": flat.numel}
+    finally:
+        comm.close()
+
+
+@pytest.mark.parametrize("mode,expected_al", [("specialized", 1.0), ("general", 0.0)])
+def test_accuracy_loss_known_for_constructed_partitions(mode, expected_al):
+    rounds = 4
+    res = run_workers("tests.test_skewscout_travel:_travel_worker", 3, timeout_s=90, mode=mode, rounds=rounds)
+    for rank, r in enumerate(res):
+        for rr in r["results"]:
+            assert rr["local_accuracy"] == 1.0
+            assert rr["accuracy_loss"] == pytest.approx(expected_al)
+            assert rr["dst"] != rank and rr["src"] != rank
+    # seeded rotation: with K=3 the shifts alternate 1, 2, so each partition visits both others
+    for rank, r in enumerate(res):
+        assert {rr["dst"] for rr in r["results"]} == {(rank + 1) % 3, (rank + 2) % 3}
+    # the traveled model's bytes: every trip carries the 3x3 weight + 3 bias floats (12 x 4 B
+    # = 48 B of payload) plus one envelope; control replies carry one float32 (4 B) + envelope
+    for r in res:
+        travel = [row for row in r["rows"] if row["kind"] == "travel"]
+        assert sum(row["messages"] for row in travel) == rounds
+        payload = r["numel"] * 4
+        overhead = sum(row["bytes"] for row in travel) - rounds * payload
+        assert r["numel"] == 12 and 0 < overhead <= rounds * 200  # envelope bytes only
