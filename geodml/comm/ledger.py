@@ -1,9 +1,14 @@
 """Byte ledger: every byte a rank sends is charged to a (src region, dst region, kind) link.
 
-Each rank keeps its own ledger of what *it* sent; run totals are the sum over ranks
-(gathered once at the end, uncharged). ``wan_bytes_total`` counts only bytes between two
-different regions; bytes inside one region are LAN traffic and appear in ``lan_bytes_total``
-and ``by_link``.
+Each rank keeps its own ledger of what *it* sent: bytes, messages and emulated seconds (the
+link model's ``transfer_s`` of each message, 0 under ``--wan off``). Run totals are the sum
+over ranks (gathered once at the end, uncharged) computed by :meth:`Ledger.summarize`.
+``wan_bytes_total`` counts only bytes between two different regions; bytes inside one
+region are LAN traffic and appear in ``lan_bytes_total`` and ``bytes_by_link``.
+
+Traffic kinds (:data:`KINDS`): ``gradient`` (BSP, DGC), ``update`` (Gaia significant updates,
+FedAvg deltas), ``model`` (whole models), ``travel`` (SkewScout model traveling), ``control``
+(small coordination messages).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ class Ledger:
     def charge(self, dst_rank: int, kind: str, num_bytes: int, *, messages: int = 1, emulated_s: float = 0.0) -> None:
         """Charge ``num_bytes`` sent by this rank to ``dst_rank`` as ``kind``."""
         assert kind in KINDS, f"unknown traffic kind {kind!r}"
-        assert num_bytes >= 0 and messages >= 0
+        assert num_bytes >= 0 and messages >= 0 and emulated_s >= 0
         key = (self.region_of_rank[self.rank], self.region_of_rank[dst_rank], kind)
         t = self.links[key]
         t.bytes += int(num_bytes)
@@ -41,6 +46,7 @@ class Ledger:
 
     # ---- totals ------------------------------------------------------------------------
     def rows(self) -> list[dict]:
+        """This rank's totals, one dict per (src_region, dst_region, kind) (picklable, JSON-ready)."""
         return [
             {"src_region": s, "dst_region": d, "kind": k, "bytes": t.bytes, "messages": t.messages, "emulated_s": t.emulated_s}
             for (s, d, k), t in sorted(self.links.items())
@@ -48,28 +54,50 @@ class Ledger:
 
     @property
     def wan_bytes(self) -> int:
+        """Bytes this rank sent to other regions."""
         return sum(t.bytes for (s, d, _), t in self.links.items() if s != d)
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes this rank sent, WAN and LAN."""
+        return sum(t.bytes for t in self.links.values())
 
     @staticmethod
     def summarize(rows: list[dict]) -> dict:
-        """Run totals from the rows of every rank's ledger (see module docstring)."""
-        wan = lan = 0
+        """Run totals from the rows of every rank's ledger (see module docstring).
+
+        Keys: ``wan_bytes_total``, ``lan_bytes_total``, ``wan_bytes_by_kind``,
+        ``wan_bytes_by_link`` ("src->dst", WAN pairs only), ``bytes_by_link`` (every pair),
+        ``wan_messages_total``, ``messages_total``, ``wan_emulated_seconds_by_link`` and
+        ``wan_emulated_seconds_by_kind`` (sum of ``transfer_s`` of the messages: link busy time).
+        """
+        wan = lan = messages = wan_messages = 0
         by_kind: dict[str, int] = {}
         by_link: dict[str, int] = {}
-        messages = 0
+        wan_by_link: dict[str, int] = {}
+        emu_by_link: dict[str, float] = {}
+        emu_by_kind: dict[str, float] = {}
         for r in rows:
-            if r["src_region"] != r["dst_region"]:
-                wan += r["bytes"]
-                by_kind[r["kind"]] = by_kind.get(r["kind"], 0) + r["bytes"]
-            else:
-                lan += r["bytes"]
             link = f"{r['src_region']}->{r['dst_region']}"
             by_link[link] = by_link.get(link, 0) + r["bytes"]
             messages += r["messages"]
+            if r["src_region"] != r["dst_region"]:
+                wan += r["bytes"]
+                wan_messages += r["messages"]
+                by_kind[r["kind"]] = by_kind.get(r["kind"], 0) + r["bytes"]
+                wan_by_link[link] = wan_by_link.get(link, 0) + r["bytes"]
+                emu_by_link[link] = emu_by_link.get(link, 0.0) + r.get("emulated_s", 0.0)
+                emu_by_kind[r["kind"]] = emu_by_kind.get(r["kind"], 0.0) + r.get("emulated_s", 0.0)
+            else:
+                lan += r["bytes"]
         return {
             "wan_bytes_total": wan,
             "lan_bytes_total": lan,
             "wan_bytes_by_kind": dict(sorted(by_kind.items())),
-            "wan_bytes_by_link": dict(sorted(by_link.items())),
+            "wan_bytes_by_link": dict(sorted(wan_by_link.items())),
+            "bytes_by_link": dict(sorted(by_link.items())),
+            "wan_messages_total": wan_messages,
             "messages_total": messages,
+            "wan_emulated_seconds_by_link": dict(sorted(emu_by_link.items())),
+            "wan_emulated_seconds_by_kind": dict(sorted(emu_by_kind.items())),
         }

@@ -1,0 +1,479 @@
+"""ZeroMQ peer transport: step-tagged, zero-copy messages between the ranks of one run.
+
+Sockets. Each rank binds one PULL socket and connects one PUSH socket to every peer's PULL.
+Traffic is one-way (an algorithm sends updates and later receives its peers'), so no
+request/reply pattern is needed; a PUSH connected to exactly one peer is a dedicated ordered
+pipe with its own back-pressure, and the PULL fair-queues all peers so none can starve
+another. ROUTER/DEALER would add identity frames and a ROUTER drops messages for peers it
+does not (yet) know, where PUSH queues them until the peer connects: nothing is lost.
+
+Addresses. The PULL binds ``tcp://HOST:<random port>``; HOST is ``bind_host`` (``--bind-host``;
+a host name is resolved to its address; ``*``/``0.0.0.0`` binds every interface and advertises
+the default address) or, by default, this node's address on the interface that routes to
+``MASTER_ADDR`` (so 127.0.0.1 when the master is this machine over loopback, the node's LAN
+address in a multi-node run); see :func:`default_bind_host`. Every rank publishes its address in the
+torch.distributed store under ``geodml/comm/<n>/addr/<rank>`` (n counts the transports this
+process built, identically on every rank) and reads its peers' addresses from there.
+
+Messages. A multipart ZeroMQ message: frame 0 is a msgpack envelope
+``[1, kind, step, src, arrival_s, [[dtype.str, shape], ...]]`` (``arrival_s`` is always a
+float64, so the envelope size does not depend on it), then one frame per array holding its
+raw bytes. Arrays of 64 KiB or more are handed to ZeroMQ without copying (``zmq.Frame`` over
+the array's memory; no ``tobytes()``); smaller ones are copied, which is cheaper than tracking.
+On receipt ``np.frombuffer`` views each frame: the arrays are views of the received frames (no
+copy; each message has its own frames, so they belong to the receiver).
+
+Ownership. :meth:`PeerTransport.send` returns when ZeroMQ has released the arrays' memory
+(the bytes are in the kernel), so the caller may overwrite its buffers at once, as after
+``torch.distributed.send``. Messages released later by the ``--wan real`` pacer are copied
+first (that copy is negligible next to the paced WAN time).
+
+Receiving. There is no receiver thread: ZeroMQ's own I/O thread already receives in the
+background. :meth:`PeerTransport.recv` returns a queued message if one matches, else
+receives from the PULL socket in the caller's thread (blocking inside ZeroMQ with the GIL
+released, up to the deadline), queueing every message per (src, kind, step) in arrival
+order, until the one asked for is there. A Python receiver thread would only add GIL hand-offs. Messages for later steps
+(or other kinds) stay queued until asked for: out-of-order messages are buffered, not lost.
+Every wait has a deadline; a peer that sends nothing raises :class:`CommTimeoutError` naming it.
+
+Shutdown. :meth:`PeerTransport.close` is idempotent: it waits (bounded) for paced messages
+to be released, closes the PUSH sockets with a linger of at most 5 s (a message sent just
+before close still leaves; a dead peer cannot hang shutdown), the PULL with linger 0, and
+terminates the context. A finalizer does the same at interpreter exit if close was not called.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import itertools
+import math
+import os
+import socket
+import time
+import weakref
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import msgpack
+import numpy as np
+import zmq
+
+from geodml.comm.wan import Pacer
+
+PROTOCOL_VERSION = 1
+ZERO_COPY_MIN_BYTES = 65536
+"""Arrays at least this large are sent without copying; smaller ones are copied (cheaper)."""
+CLOSE_LINGER_S = 5.0
+"""Longest time close() lets queued outgoing messages drain (ZeroMQ linger)."""
+
+_namespace_counter = itertools.count()
+_DTYPES: dict[str, np.dtype] = {}
+
+
+class CommError(RuntimeError):
+    """A peer or the transport failed (protocol error, unreachable peer)."""
+
+
+class CommTimeoutError(CommError, TimeoutError):
+    """A wait on a peer passed its deadline; the message names the peer."""
+
+
+def default_bind_host() -> str:
+    """The address this rank binds and advertises when ``--bind-host`` is not given.
+
+    The local address of the interface that routes to ``MASTER_ADDR`` (found with a UDP
+    ``connect``, which sends nothing): 127.0.0.1 when the master is reached over loopback,
+    the node's LAN address in a multi-node run. Without ``MASTER_ADDR``: 127.0.0.1 if all ranks
+    are on this node (``LOCAL_WORLD_SIZE == WORLD_SIZE``), else this host name's address.
+    """
+    master = os.environ.get("MASTER_ADDR")
+    if master:
+        try:
+            infos = socket.getaddrinfo(master, int(os.environ.get("MASTER_PORT", "29500")), type=socket.SOCK_DGRAM)
+            family, _, _, _, addr = infos[0]
+            with socket.socket(family, socket.SOCK_DGRAM) as s:
+                s.connect(addr)
+                return s.getsockname()[0]
+        except OSError:
+            pass
+    local, world = os.environ.get("LOCAL_WORLD_SIZE"), os.environ.get("WORLD_SIZE")
+    if local is None or local == world:
+        return "127.0.0.1"
+    return socket.gethostbyname(socket.gethostname())
+
+
+def _resolve(host: str) -> str:
+    """An IP address for ``host`` (ZeroMQ binds interfaces or addresses, not DNS names)."""
+    try:
+        ipaddress.ip_address(host)
+        return host
+    except ValueError:
+        pass
+    try:
+        return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0]
+    except OSError as e:
+        raise ValueError(f"--bind-host {host!r} is neither an IP address nor a resolvable host name: {e}") from None
+
+
+def _tcp_endpoint(host: str, port: int | str) -> str:
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+@dataclass
+class Outgoing:
+    """A message ready to send: envelope fields, the arrays' bytes and its size on the wire."""
+
+    kind: str
+    step: int
+    src: int
+    descs: list
+    payloads: list[np.ndarray]
+    """The C-contiguous arrays themselves (ZeroMQ reads their memory; no copy)."""
+    nbytes: int
+    """Envelope + payload bytes: what the ledger charges and the link model carries."""
+    envelope0: bytes = b""
+    """The envelope with arrival_s = 0.0 (same length as any other; reused under --wan off)."""
+
+    def envelope(self, arrival_s: float) -> bytes:
+        if arrival_s == 0.0 and self.envelope0:
+            return self.envelope0
+        return msgpack.packb([PROTOCOL_VERSION, self.kind, self.step, self.src, float(arrival_s), self.descs])
+
+
+class Incoming:
+    """A received message (``nbytes``: envelope + payload, as the sender charged it)."""
+
+    __slots__ = ("src", "kind", "step", "arrival_s", "arrays", "nbytes")
+
+    def __init__(self, src: int, kind: str, step: int, arrival_s: float, arrays: list[np.ndarray], nbytes: int) -> None:
+        self.src, self.kind, self.step, self.arrival_s, self.arrays, self.nbytes = src, kind, step, arrival_s, arrays, nbytes
+
+
+def envelope_nbytes(kind: str, step: int, src: int, arrays: Sequence[np.ndarray]) -> int:
+    """Size of the msgpack envelope of a message (what ``Outgoing.nbytes`` adds to the payload)."""
+    descs = [[a.dtype.str, list(a.shape)] for a in arrays]
+    return len(msgpack.packb([PROTOCOL_VERSION, kind, step, src, 0.0, descs]))
+
+
+def as_array(x: object) -> np.ndarray:
+    """A C-contiguous numpy array for ``x`` (numpy array or CPU/GPU torch tensor), no copy if possible."""
+    if isinstance(x, np.ndarray):
+        a = x
+    else:
+        try:
+            import torch
+        except ImportError:  # pragma: no cover - torch is a dependency
+            torch = None
+        if torch is not None and isinstance(x, torch.Tensor):
+            t = x.detach()
+            if t.device.type != "cpu":
+                t = t.cpu()
+            if t.dtype == torch.bfloat16:
+                raise TypeError("bfloat16 tensors cannot be sent as numpy arrays; convert with .float() or .half()")
+            a = t.resolve_conj().resolve_neg().numpy()
+        else:
+            raise TypeError(f"can only send numpy arrays or torch tensors, got {type(x).__name__}")
+    if a.dtype.hasobject:
+        raise TypeError(f"cannot send arrays of Python objects (dtype {a.dtype})")
+    if not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a)
+    return a
+
+
+class PeerTransport:
+    """One rank's ZeroMQ endpoint (see the module docstring). Use from one thread only."""
+
+    def __init__(self, *, rank: int, world_size: int, store, bind_host: str | None = None,
+                 timeout_s: float = 60.0, region_of_rank: Sequence[str] | None = None, paced: bool = False) -> None:
+        assert 0 <= rank < world_size
+        self.rank, self.world_size = rank, world_size
+        self.timeout_s = float(timeout_s)
+        self.region_of_rank = list(region_of_rank) if region_of_rank is not None else [f"?{r}" for r in range(world_size)]
+        self._closed = False
+        self._pending: dict[tuple[int, str, int], deque[Incoming]] = {}
+        self._rcvtimeo_ms = -1
+        self._in_flight: list[tuple[zmq.MessageTracker, Outgoing, list[int]]] = []
+        self.addresses = [""] * world_size
+        self._ctx = zmq.Context()
+        self._pull = self._ctx.socket(zmq.PULL)
+        self._push: dict[int, zmq.Socket] = {}
+        self.pacer: Pacer | None = Pacer(name=f"geodml-pacer-{rank}") if paced else None
+        # Releases sockets, context and pacer thread on close(), garbage collection or exit.
+        self._finalizer = weakref.finalize(self, _shutdown, self._ctx, self._pull, self._push, self.pacer)
+        try:
+            self._setup(store, bind_host or default_bind_host())
+        except BaseException:
+            self.close()
+            raise
+
+    def _setup(self, store, bind_host: str) -> None:
+        timeout_ms = max(1, int(self.timeout_s * 1000))
+        if bind_host in ("*", "0.0.0.0", "::"):  # all interfaces; advertise the default address
+            bind_ip, advertise = bind_host, _resolve(default_bind_host())
+        else:
+            bind_ip = advertise = _resolve(bind_host)
+        ipv6 = ":" in bind_ip or ":" in advertise
+        self._pull.setsockopt(zmq.LINGER, 0)
+        self._pull.setsockopt(zmq.IPV6, int(ipv6))
+        wildcard = "*" if bind_ip in ("*", "0.0.0.0", "::") else None
+        port = self._pull.bind_to_random_port(f"tcp://{wildcard}" if wildcard else
+                                              (f"tcp://[{bind_ip}]" if ":" in bind_ip else f"tcp://{bind_ip}"))
+        self.address = _tcp_endpoint(advertise, port)
+        ns = f"geodml/comm/{next(_namespace_counter)}/addr"
+        store.set(f"{ns}/{self.rank}", self.address)
+        self.addresses[self.rank] = self.address
+        deadline = time.monotonic() + self.timeout_s
+        for r in range(self.world_size):
+            if r == self.rank:
+                continue
+            left = deadline - time.monotonic()
+            try:
+                store.wait([f"{ns}/{r}"], datetime.timedelta(seconds=max(left, 0.001)))
+            except Exception:  # the store raises its own timeout type
+                missing = [p for p in range(self.world_size) if p != self.rank and not store.check([f"{ns}/{p}"])]
+                raise CommTimeoutError(
+                    f"rank {self.rank}: rank(s) {', '.join(map(str, missing)) or r} did not publish their ZeroMQ "
+                    f"address within {self.timeout_s:g} s (they did not build their Comm: crashed or still starting)"
+                ) from None
+            self.addresses[r] = store.get(f"{ns}/{r}").decode()
+        for r, addr in enumerate(self.addresses):
+            if r == self.rank:
+                continue
+            s = self._ctx.socket(zmq.PUSH)
+            s.setsockopt(zmq.LINGER, int(min(self.timeout_s, CLOSE_LINGER_S) * 1000))
+            s.setsockopt(zmq.SNDTIMEO, timeout_ms)
+            s.setsockopt(zmq.IPV6, int(addr.startswith("tcp://[")))
+            s.connect(addr)
+            self._push[r] = s
+
+    # ---- naming peers in errors ------------------------------------------------------
+    def describe(self, rank: int) -> str:
+        addr = self.addresses[rank] or "address unknown"
+        return f"rank {rank} (region {self.region_of_rank[rank]}, {addr})"
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CommError(f"rank {self.rank}: the transport is closed")
+        if self.pacer is not None and self.pacer.error is not None:
+            err = self.pacer.error
+            raise CommError(f"rank {self.rank}: a paced send failed: {err}") from err
+
+    # ---- sending ---------------------------------------------------------------------
+    def prepare(self, kind: str, step: int, arrays: Sequence[np.ndarray]) -> Outgoing:
+        """Describe a message of C-contiguous ``arrays`` (see :func:`as_array`); nothing is copied."""
+        payloads = list(arrays)
+        descs = [[a.dtype.str, list(a.shape)] for a in payloads]
+        out = Outgoing(kind=kind, step=step, src=self.rank, descs=descs, payloads=payloads, nbytes=0)
+        out.envelope0 = out.envelope(0.0)
+        out.nbytes = len(out.envelope0) + sum(a.nbytes for a in payloads)
+        return out
+
+    def send(self, out: Outgoing, targets: Sequence[tuple[int, float, float | None]], *, wait: bool = True) -> None:
+        """Send ``out`` to every ``(dst, arrival_s, release_at)`` of ``targets``.
+
+        ``release_at`` None: now, zero-copy. With ``wait`` (default) this returns once ZeroMQ has
+        released the arrays (the caller may overwrite them); without, at once, and the arrays
+        must stay untouched until :meth:`flush` returns. ``release_at`` given: the pacer sends a
+        private copy at ``time.monotonic() == release_at`` (the caller's arrays are free at once).
+        """
+        self._check_open()
+        now_targets = []
+        for dst, arrival_s, release_at in targets:
+            if release_at is None:
+                now_targets.append((dst, arrival_s))
+                continue
+            assert self.pacer is not None, "paced send needs a transport built with paced=True"
+            owned = [p.copy() for p in out.payloads]  # one copy per destination: frames are consumed
+            self.pacer.submit(release_at, _PacedSend(self, dst, [out.envelope(arrival_s), *owned], out.kind,
+                                                     out.step, out.nbytes))
+        if not now_targets:
+            return
+        frames, tracker = _frames(out.payloads)
+        for dst, arrival_s in now_targets:
+            try:
+                self._push[dst].send_multipart([out.envelope(arrival_s), *frames], copy=False)
+            except zmq.Again:
+                raise CommTimeoutError(
+                    f"rank {self.rank}: {self.describe(dst)} did not accept the {out.kind!r} message for step "
+                    f"{out.step} within {self.timeout_s:g} s: its queue is full (it is not receiving)") from None
+        # Our Frame objects share the message buffers with ZeroMQ; drop them so that the
+        # tracker completes when ZeroMQ itself is done with the bytes.
+        del frames
+        if tracker is None:
+            return
+        if wait:
+            self._wait_released(tracker, out, [d for d, _ in now_targets], time.monotonic() + self.timeout_s)
+        else:
+            self._in_flight = [(t, o, d) for t, o, d in self._in_flight if not t.done]
+            self._in_flight.append((tracker, out, [d for d, _ in now_targets]))
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Wait until ZeroMQ has released the arrays of every ``send(wait=False)`` so far."""
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        while self._in_flight:
+            tracker, out, dsts = self._in_flight[0]
+            self._wait_released(tracker, out, dsts, deadline)
+            self._in_flight.pop(0)
+
+    def _wait_released(self, tracker: zmq.MessageTracker, out: Outgoing, dsts: list[int], deadline: float) -> None:
+        try:
+            tracker.wait(max(deadline - time.monotonic(), 0.0))
+        except zmq.NotDone:
+            who = ", ".join(self.describe(d) for d in dsts)
+            raise CommTimeoutError(
+                f"rank {self.rank}: the {out.kind!r} message for step {out.step} ({out.nbytes} B) was not "
+                f"taken by {who} within {self.timeout_s:g} s (peer unreachable or not running)") from None
+
+    # ---- receiving -------------------------------------------------------------------
+    def recv(self, src: int, kind: str, step: int, timeout_s: float | None = None) -> Incoming:
+        """The next message from ``src`` of ``kind`` for ``step``; waits at most ``timeout_s``."""
+        q = self._pending.get((src, kind, step))
+        if q and not self._closed:
+            msg = q.popleft()
+            if not q:
+                del self._pending[(src, kind, step)]
+            return msg
+        return self.recv_many([src], kind, step, timeout_s)[src]
+
+    def recv_many(self, srcs: Sequence[int], kind: str, step: int, timeout_s: float | None = None) -> dict[int, Incoming]:
+        """One message of ``kind`` for ``step`` from each of ``srcs``."""
+        self._check_open()
+        timeout = self.timeout_s if timeout_s is None else float(timeout_s)
+        deadline = time.monotonic() + timeout
+        got: dict[int, Incoming] = {}
+        want = [s for s in srcs]
+        while True:
+            for s in want:
+                if s not in got:
+                    q = self._pending.get((s, kind, step))
+                    if q:
+                        got[s] = q.popleft()
+                        if not q:
+                            del self._pending[(s, kind, step)]
+            if len(got) == len(want):
+                return got
+            left = deadline - time.monotonic()
+            if left <= 0 and self._receive(0):
+                continue  # something was already waiting in the socket: look at it first
+            if left <= 0:
+                missing = [s for s in want if s not in got]
+                # Put back what we took, so a caller that handles the timeout loses nothing.
+                for s, m in got.items():
+                    self._pending.setdefault((s, kind, step), deque()).appendleft(m)
+                raise CommTimeoutError(self._timeout_message(missing, kind, step, timeout))
+            self._receive(max(1, math.ceil(left * 1000)))
+            self._check_open()
+
+    def _receive(self, timeout_ms: int) -> bool:
+        """Queue the next message from the socket; blocks in ZeroMQ (GIL released) at most
+        ``timeout_ms`` (0: only if one is already there). False if none came."""
+        if timeout_ms != self._rcvtimeo_ms:
+            self._pull.setsockopt(zmq.RCVTIMEO, timeout_ms)
+            self._rcvtimeo_ms = timeout_ms
+        try:
+            frames = self._pull.recv_multipart(copy=False)
+        except zmq.Again:
+            return False
+        msg = self._decode(frames)
+        self._pending.setdefault((msg.src, msg.kind, msg.step), deque()).append(msg)
+        return True
+
+    def _decode(self, frames: list) -> Incoming:
+        try:
+            version, kind, step, src, arrival_s, descs = msgpack.unpackb(frames[0].buffer)
+        except Exception as e:
+            raise CommError(f"rank {self.rank}: received a message that is not a geodml envelope: {e}") from None
+        if version != PROTOCOL_VERSION or not (0 <= src < self.world_size) or len(descs) != len(frames) - 1:
+            raise CommError(f"rank {self.rank}: malformed message (version {version}, src {src}, "
+                            f"{len(descs)} arrays described, {len(frames) - 1} attached)")
+        arrays = []
+        nbytes = len(frames[0].buffer)
+        for (dtype_str, shape), f in zip(descs, frames[1:]):
+            buf = f.buffer
+            dt = _DTYPES.get(dtype_str)
+            if dt is None:
+                dt = _DTYPES[dtype_str] = np.dtype(dtype_str)
+            try:
+                a = np.frombuffer(buf, dtype=dt)
+            except ValueError:  # not a whole number of elements
+                a = None
+            if a is None or a.size != math.prod(shape):
+                raise CommError(f"rank {self.rank}: message {kind!r} step {step} from {self.describe(src)} has "
+                                f"{len(buf)} bytes for a {dtype_str}{tuple(shape)} array")
+            if len(shape) != 1:
+                a = a.reshape(shape)
+            if not a.flags.aligned:  # tiny frames live inside the zmq_msg_t and may be unaligned
+                a = a.copy()
+            arrays.append(a)
+            nbytes += a.nbytes
+        return Incoming(src, kind, step, arrival_s, arrays, nbytes)
+
+    def _timeout_message(self, missing: list[int], kind: str, step: int, timeout: float) -> str:
+        parts = []
+        for s in missing:
+            queued = sorted((k, st) for (src, k, st) in self._pending if src == s)
+            have = (f"; queued from it: {', '.join(f'{k}@{st}' for k, st in queued[:8])}"
+                    f"{' ...' if len(queued) > 8 else ''}") if queued else "; nothing else queued from it"
+            parts.append(f"{self.describe(s)}{have}")
+        return (f"rank {self.rank}: no {kind!r} message for step {step} within {timeout:g} s from "
+                f"{'; '.join(parts)}. That peer is silent, crashed, or sends a different kind/step.")
+
+    def queued(self) -> list[tuple[int, str, int]]:
+        """(src, kind, step) of every received message not yet asked for (oldest key order)."""
+        return [k for k, q in self._pending.items() for _ in q]
+
+    # ---- shutdown --------------------------------------------------------------------
+    def close(self) -> None:
+        """Idempotent; see the module docstring."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.pacer is not None:
+            self.pacer.flush(min(self.timeout_s, 60.0))
+        self._in_flight.clear()  # the PUSH linger below still lets their bytes leave
+        self._finalizer()
+
+
+class _PacedSend:
+    """The pacer's job for one message to one peer (runs in the pacer thread)."""
+
+    __slots__ = ("transport", "dst", "frames", "kind", "step", "nbytes")
+
+    def __init__(self, transport: PeerTransport, dst: int, frames: list, kind: str, step: int, nbytes: int) -> None:
+        self.transport, self.dst, self.frames = transport, dst, frames
+        self.kind, self.step, self.nbytes = kind, step, nbytes
+
+    def __call__(self) -> None:
+        t = self.transport
+        try:
+            t._push[self.dst].send_multipart(self.frames, copy=False)
+        except zmq.Again:
+            raise CommTimeoutError(f"rank {t.rank}: {t.describe(self.dst)} did not accept the paced {self.kind!r} "
+                                   f"message for step {self.step} within {t.timeout_s:g} s") from None
+        finally:
+            self.frames = []
+
+
+def _frames(payloads: list[np.ndarray]) -> tuple[list, zmq.MessageTracker | None]:
+    """ZeroMQ frames for the payloads: zero-copy from ZERO_COPY_MIN_BYTES, else copied.
+
+    Returns the frames and a tracker of the last zero-copy frame (None if all were copied).
+    ZeroMQ writes the frames of a message in order, to every destination in order, so when the
+    last zero-copy frame is released all earlier ones are too. The caller must drop the frames
+    after sending: a buffer is released only when no Frame object refers to it any more.
+    """
+    last_big = max((i for i, p in enumerate(payloads) if p.nbytes >= ZERO_COPY_MIN_BYTES), default=-1)
+    frames = [zmq.Frame(p, copy=False, track=i == last_big) if p.nbytes >= ZERO_COPY_MIN_BYTES
+              else zmq.Frame(p, copy=True) for i, p in enumerate(payloads)]
+    return frames, (frames[last_big].tracker if last_big >= 0 else None)
+
+
+def _shutdown(ctx: zmq.Context, pull: zmq.Socket, push: dict, pacer: Pacer | None) -> None:
+    if pacer is not None and not pacer.close():
+        return  # the pacer thread is wedged in a send: leak the sockets rather than hang or crash
+    for s in push.values():
+        s.close()
+    pull.close(linger=0)
+    ctx.term()
