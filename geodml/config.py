@@ -126,7 +126,7 @@ class AlgoConfig:
     e_warm: float = 4.0
     """DGC: epochs per sparsity warm-up stage (75%, 93.75%, 98.4375%, 99.6%, then --sparsity); 0 disables warm-up."""
     clip_norm: float | None = None
-    """DGC: local gradient-clipping threshold on the L2 norm (None: no clipping)."""
+    """DGC: global L2 gradient-clipping threshold; each partition clips its own gradient at clip_norm/sqrt(K) (Lin et al.); None: off."""
     dgc_sample_ratio: float = 0.01
     """DGC: fraction of elements sampled to estimate the top-s threshold."""
     # FederatedAveraging (Algorithm 2) and variants
@@ -254,6 +254,12 @@ class RunConfig:
     """Write a metrics.jsonl line (averaged over partitions) every this many steps."""
     progress: bool = True
     """Rank 0 prints live progress."""
+    metrics_port: int = 0
+    """Prometheus exporter of every rank on port metrics_port + local rank (0: no exporter)."""
+    metrics_host: str = "127.0.0.1"
+    """Address the exporters listen on (loopback by default; 0.0.0.0 to be scraped from other hosts)."""
+    metrics_linger_s: float = 10.0
+    """Seconds the exporters stay up after the run so Prometheus scrapes the final values (with --metrics-port)."""
 
     def __post_init__(self) -> None:
         _check(isinstance(self.seed, int) and self.seed >= 0, f"--seed must be a non-negative integer, got {self.seed!r}")
@@ -261,6 +267,12 @@ class RunConfig:
         _check(isinstance(self.log_every, int) and self.log_every >= 1, f"--log-every must be an integer >= 1, got {self.log_every!r}")
         _check(self.backend in BACKENDS, f"--backend: choose one of {', '.join(BACKENDS)}, got {self.backend!r}")
         _check(isinstance(self.threads, int) and self.threads >= 1, f"--threads must be an integer >= 1, got {self.threads!r}")
+        _check(isinstance(self.metrics_port, int) and 0 <= self.metrics_port <= 65535,
+               f"--metrics-port must be a TCP port in [1, 65535] (or 0 to disable the exporter), got {self.metrics_port!r}")
+        _check(isinstance(self.metrics_host, str) and self.metrics_host.strip() != "",
+               f"--metrics-host must be an address such as 127.0.0.1 or 0.0.0.0, got {self.metrics_host!r}")
+        _check(_finite(self.metrics_linger_s) and self.metrics_linger_s >= 0,
+               f"--metrics-linger must be >= 0 seconds, got {self.metrics_linger_s!r}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -7,4 +7,4 @@ cd "$(dirname "$0")/.."
 launch/bootstrap.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 exec .venv/bin/torchrun --nproc_per_node="${NPROC:-5}" --master_addr=127.0.0.1 --master_port="${MASTER_PORT:-29517}" \
-  -m geodml --algo bsp --dataset digits --partition iid --epochs 20 --eval-every 200 "$@"
+  -m geodml --algo gaia --t0 0.1 --dataset digits --partition iid --epochs 20 --eval-every 100 "$@"

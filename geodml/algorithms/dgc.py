@@ -22,25 +22,30 @@ cleared every step) one step is ``w -= lr * sum_k grad_k = K * lr * mean_grad``,
 BSP step at the same ``--lr`` (BSP averages the gradients). The DGC paper instead folds 1/K into
 every node's gradient so that its sum is the mean; a user who wants DGC's global step size at a
 BSP learning rate ``lr_bsp`` runs DGC with ``--lr lr_bsp/K``. We follow the Quagmire pseudocode.
+It matters: digits, LeNet, K=5, 30 epochs, ``--e-warm 1``: at ``--lr 0.02`` IID reaches 96.9%
+(BSP 97.5%) but 100% non-IID diverges to 10% once s reaches 99.9%; at ``--lr 0.004`` (0.02/K)
+non-IID reaches 96.9%.
 
-**Sparsity warm-up** (Quagmire §3, from Lin et al. §3.3): s = 75%, 93.75%, 98.4375%, 99.6%
-(the exponential schedule 1 - 4^-i; the fourth stage is 1 - 4^-4 = 99.609375%), each stage lasting
-``e_warm`` epochs, then the final sparsity (``--sparsity``, default 99.9%) for the rest of the
-run. A stage above the final sparsity is capped at it (``--sparsity 0`` is dense throughout);
-``e_warm = 0`` starts at the final sparsity. Epochs are ``step / steps_per_epoch``: stage i
-covers steps ``[i * e_warm * spe, (i+1) * e_warm * spe)``. SkewScout's knob is ``e_warm``
-(``theta``); changing it mid-run re-evaluates the stage from the current step, so a longer
-warm-up can move a run back to a denser stage.
+**Sparsity warm-up** (Quagmire §3, from Lin et al.'s "warm-up training"): s = 75%, 93.75%,
+98.4375%, 99.6% (the exponential schedule 1 - 4^-i; the fourth stage is 1 - 4^-4 = 99.609375%),
+each stage lasting ``e_warm`` epochs, then the final sparsity (``--sparsity``, default 99.9%)
+for the rest of the run. A stage above the final sparsity is capped at it (``--sparsity 0`` is
+dense throughout); ``e_warm = 0`` starts at the final sparsity. Epochs are
+``step / steps_per_epoch``: stage i covers steps ``[i * e_warm * spe, (i+1) * e_warm * spe)``.
+SkewScout's knob is ``e_warm`` (``theta``); changing it mid-run re-evaluates the stage from the
+current step, so a longer warm-up can move a run back to a denser stage.
 
-**Local gradient clipping** (Lin et al. §3.2): clipping is done on each partition before the
-gradient enters the accumulation, with the threshold scaled by K^-1/2 (a partition holds about
-1/K of the summed gradient's energy if all partitions' gradients are alike): the local gradient
-is rescaled so that ``||grad||_2 <= clip_norm / sqrt(K)``. ``clip_norm`` is the threshold one
-would use for the global (summed) gradient. Default ``None``: no clipping, because neither paper
-states a threshold for the CNNs studied here (Lin et al. report clipping for their RNNs; the
-threshold is model-specific), so clipping is opt-in with ``--clip-norm``.
+**Local gradient clipping** (Lin et al.'s "local gradient clipping"): each partition clips its
+own gradient before it enters the accumulation, with the threshold scaled by K^-1/2 (a
+partition's share of the summed gradient's norm if all partitions' gradients were alike): the
+local gradient is rescaled so that ``||grad||_2 <= clip_norm / sqrt(K)``, where ``clip_norm``
+(``--clip-norm``) is the threshold one would use for the global gradient. Clipping ``grad`` or
+``g = -lr * grad`` (line 5) is the same thing at threshold ``lr * clip_norm / sqrt(K)``.
+Default ``None``: no clipping. A norm threshold is model-specific and neither paper states one
+for the CNNs studied here, so clipping is opt-in; when on, it behaves as DGC describes.
 
-**Threshold selection** (Lin et al. §5, hierarchical sampling), per step on |v| of N entries,
+**Threshold selection** (Lin et al.'s sampled top-k: estimate the threshold on a 0.1-1% sample,
+compute it precisely among the selected when far too many pass), per step on |v| of N entries,
 target k = ceil((1 - s) * N):
 
 1. Draw ``n_s = max(ratio * N, 64 / (1 - s))`` sample indices uniformly (with replacement) from
@@ -55,31 +60,43 @@ target k = ceil((1 - s) * N):
 
 So every partition sends between k and 1.3 k entries every step (exactly k when refined or exact),
 and ``dgc_threshold_*`` counters in ``stats()`` say how often each path ran. On CPU the kernels
-run on NumPy views of the preallocated torch buffers (``np.argpartition`` / ``np.flatnonzero`` are
-3-10x faster than ``torch.topk`` / ``torch.nonzero`` on this machine's one thread; see
-geodml/bench/dgc_kernels.py); other devices use the same algorithm in torch ops.
+run on NumPy views of the preallocated torch buffers (in-place ``ndarray.partition`` and
+``np.flatnonzero`` are 3-10x faster than ``torch.topk`` / ``torch.nonzero`` on this machine's one
+thread; ``python -m geodml.bench dgc``); other devices use the same algorithm in torch ops.
 
-**Exchange.** Each partition sends its (int32 index, float32 value) block to every other
-partition over the ZeroMQ peer transport (``comm.send_to_all`` / ``comm.recv_from_all``),
-charged as kind ``gradient`` on each link it uses: 8 bytes per sent entry per peer, exactly
-the entries selected. Chosen over a torch.distributed all_gather of fixed-size blocks by
-measurement (5 ranks on 2 cores, per exchange: 1.5 KiB blocks 0.8 ms vs 4.4 ms, 47 KiB 1.9 ms vs
-6.1 ms, 1.7 MiB 11 ms vs 16 ms; 2 ranks 0.14 vs 0.26 ms at 1.5 KiB), and because all_gather needs
-equal-size blocks: padding to the 1.3 k bound would charge bytes that carry nothing. Every
-partition adds the K blocks to its weights in rank order 0..K-1 (its own block from the very
-buffers it sent), so all partitions perform bit-identical float operations and hold one
-identical global model.
+**Exchange.** Each partition sends its selected v~_k to every other partition over the ZeroMQ
+peer transport (``comm.send_to_all`` / ``comm.recv_from_all``), charged as kind ``gradient`` on
+each of its K-1 links: as (int32 index, float32 value) pairs, 8 B per selected entry, or, when
+more than half of the entries are selected (s < 50%: only ``--sparsity`` below 0.5), as the dense
+float32 vector, 4 B per parameter; plus the transport's small envelope. The ledger charges
+exactly that. Every partition adds the K blocks in rank order 0..K-1 (its own from the very
+buffers it sent), so all partitions do bit-identical float operations: one global model.
+
+Chosen over a torch.distributed all_gather of fixed-size blocks by measurement
+(``python -m geodml.bench dgc --exchange 5``, 5 ranks on this 2-core machine, per exchange:
+1.5 KiB blocks 1.3 ms vs 4.8 ms, 92 KiB 2.4 vs 3.5 ms, 369 KiB 3.3 vs 7.0 ms) and because
+all_gather needs equal-size blocks: padding to the 1.3 k bound would charge bytes that carry
+nothing. Either way each block leaves its partition K-1 times, so the bytes tie. Not chosen: a
+ring all-reduce of the dense v~, fewer bytes in total once k >= N/K (K=5: the 75% stage, where
+the sparse exchange costs K/4 = 1.25 times BSP's bytes), but every link then carries
+2(K-1)/K * 4N bytes in 2(K-1) sequential latency-bound steps instead of 8k bytes in parallel,
+i.e. more WAN time, and "entries sent" would no longer be what the ledger charges.
 
 **Appendix G diagnostic.** ``stats()`` reports the average residual update delta
 ``mean_j |v_j / w_j|`` (over entries with w_j != 0; Quagmire's ``||Delta w_i / w_i||``, 27% IID vs
 283% non-IID for ResNet-20) and the robust companion ``||v||_2 / ||w||_2``, both measured on
-this partition after every step and averaged over the steps of the current epoch (and of the
-last completed epoch).
+this partition after a step (v: what is still unsent) and averaged over the measured steps of
+the current epoch (and of the last completed epoch). To keep it off the hot path (it reads v
+and w in full, ~1.2 ms at 0.9M parameters), it is measured every ``stride = ceil(N / 65,536)``
+steps and on the first step of every epoch: every step for N <= 65,536, every 3rd for digits
+LeNet, every 14th for CIFAR LeNet (~35 samples per epoch of 500 steps), ~0.1 ms per step
+amortized.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 import numpy as np
@@ -112,9 +129,10 @@ def target_count(sparsity: float, numel: int) -> int:
 class TopSelector:
     """Selects (a superset of) the k largest-magnitude entries of a flat tensor; preallocated.
 
-    ``select(values, k)`` returns an int64 index tensor of between k and ``upper * k`` entries that
-    contains the exact top-k of |values| (module docstring, "threshold selection"). ``path`` says
-    which branch ran: "dense", "exact", "sampled", "refined" or "fallback".
+    ``select(values, sparsity)`` returns an int64 index tensor of between k = ceil((1-s) N) and
+    ``UPPER * k`` distinct entries that contains the exact top-k of |values| (module docstring,
+    "threshold selection"); it may be a view of an internal buffer, valid until the next call.
+    ``path`` says which branch ran: "dense", "exact", "sampled", "refined" or "fallback".
     """
 
     MIN_SAMPLE_TOP = 64
@@ -141,6 +159,7 @@ class TopSelector:
         self.sample_val = torch.empty(cap, dtype=torch.float32, device=device)
         if backend == "numpy":
             self._absv_np, self._mask_np = self.absv.numpy(), self.mask.numpy()
+            self._part_np = np.empty(numel, dtype=np.float32)  # scratch of the exact selection
         self.path = "none"
 
     def sample_size(self, sparsity: float) -> int:
@@ -161,13 +180,16 @@ class TopSelector:
         if ns == 0:
             self.path = "exact"
             return self._exact(k)
+        if ns > self.sample_idx.numel():
+            raise ValueError(f"sparsity {sparsity} was not among those this selector was built for")
         sidx, sval = self.sample_idx[:ns], self.sample_val[:ns]
         torch.randint(0, n, (ns,), generator=self.gen, out=sidx)
         torch.index_select(self.absv, 0, sidx, out=sval)
-        # The sample's rank r order statistic (r-th largest) estimates the magnitude above which
-        # a fraction r/ns of all entries lie; aim MARGIN_SD standard deviations above (1-s).
+        # The sample's r-th largest value estimates the magnitude above which a fraction r/ns of
+        # all entries lie; r/ns sits MARGIN_SD binomial standard deviations above (1-s), so the
+        # candidates include the top-k unless the sample was unlucky.
         top = ns * (1.0 - sparsity)
-        r = min(ns, math.ceil(top + self.MARGIN_SD * math.sqrt(top)))
+        r = min(ns, max(1, math.ceil(top + self.MARGIN_SD * math.sqrt(top))))
         cand = self._candidates(sval, ns - r)
         c = int(cand.numel())
         if c < k:
@@ -192,9 +214,16 @@ class TopSelector:
         return torch.nonzero(self.mask).view(-1)
 
     def _exact(self, k: int) -> torch.Tensor:
+        """The exact top-k: the k-th largest |v| by in-place introselect on a preallocated copy
+        (no N-sized allocation, unlike argpartition), then the entries at or above it; ties at
+        the k-th value are cut down to exactly k."""
         n = self.numel
         if self.backend == "numpy":
-            return torch.from_numpy(np.argpartition(self._absv_np, n - k)[n - k:])
+            np.copyto(self._part_np, self._absv_np)
+            self._part_np.partition(n - k)
+            np.greater_equal(self._absv_np, self._part_np[n - k], out=self._mask_np)
+            cand = torch.from_numpy(np.flatnonzero(self._mask_np))
+            return cand if cand.numel() == k else self._refine(cand, k)
         return torch.topk(self.absv, k, sorted=False).indices
 
     def _refine(self, cand: torch.Tensor, k: int) -> torch.Tensor:
@@ -214,6 +243,8 @@ class DGC(Algorithm):
     theta_grid = (8.0, 4.0, 3.0, 2.0, 1.0)
     """Quagmire Table 8's E_warm grid, most communication (longest warm-up) first."""
     KIND = "gradient"
+    DIAG_ELEMENTS = 65536
+    """The Appendix G diagnostic costs about a pass over this many entries per step, amortized."""
 
     def __init__(self, *, flat: FlatParams, comm: Any, momentum: float, ctx: AlgoContext, sparsity: float = 0.999,
                  e_warm: float = 4.0, clip_norm: float | None = None, sample_ratio: float = 0.01,
@@ -246,6 +277,7 @@ class DGC(Algorithm):
         self.send_val = torch.empty(n, dtype=torch.float32, device=flat.data.device)
         self.recv_idx = torch.empty(n, dtype=torch.int32, device=flat.data.device)
         self.recv_val = torch.empty(n, dtype=torch.float32, device=flat.data.device)
+        self._diag_stride = max(1, math.ceil(n / self.DIAG_ELEMENTS))
         self._scratch = torch.empty_like(flat.data)
         self._sent = 0
         self._dense = False
@@ -272,7 +304,8 @@ class DGC(Algorithm):
 
     @e_warm.setter
     def e_warm(self, value: float) -> None:
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+        if not ok:
             raise ValueError(f"--e-warm must be >= 0 epochs, got {value!r}")
         self._e_warm = float(value)
 
@@ -304,16 +337,17 @@ class DGC(Algorithm):
         idx = self.selector.select(v, self.sparsity)  # lines 8-10
         self.paths[self.selector.path] += 1
         c, n = int(idx.numel()), self.flat.numel
-        self._dense = 2 * c > n  # 8 B per sparse entry vs 4 B per parameter dense
-        if self._dense:
-            # Dense wire format: v~ = v * S in full (zeros where not selected).
-            self.send_val.copy_(v)
-            if c < n:
-                self.selector.mask.fill_(True).index_fill_(0, idx, False)
-                self.send_val.masked_fill_(self.selector.mask, 0.0)
+        self._dense = 2 * c > n  # 4 B per parameter beats 8 B per selected entry
+        if self._dense:  # v~ = v * S in full, zeros where not selected
+            if c == n:
+                self.send_val.copy_(v)
+            else:
+                self.send_val.zero_()
+                torch.index_select(v, 0, idx, out=self.recv_val[:c])
+                self.send_val.index_copy_(0, idx, self.recv_val[:c])
             message = [self.send_val]
-        else:
-            torch.index_select(v, 0, idx, out=self.send_val[:c])  # line 11
+        else:  # line 11: (int32 index, float32 value) pairs
+            torch.index_select(v, 0, idx, out=self.send_val[:c])
             self.send_idx[:c].copy_(idx)
             message = [self.send_idx[:c], self.send_val[:c]]
         if self.ctx.world_size > 1:
@@ -331,29 +365,29 @@ class DGC(Algorithm):
     def local_update(self, step: int, lr: float) -> None:
         """Lines 14-15: w += sum over partitions k = 0..K-1, in rank order, of their selected v~_k.
 
-        The same additions in the same order on every rank (this rank's own block from the
-        buffers it sent), so every partition computes bit-identical weights.
+        The same additions in the same order on every partition (this rank's own block from the
+        very buffers it sent), so all partitions compute bit-identical weights.
         """
-        w, me = self.flat.data, self.ctx.rank
+        w, me, c = self.flat.data, self.ctx.rank, self._sent
         received = self.comm.recv_from_all(self.KIND, step=step) if self.ctx.world_size > 1 else {}
         for r in range(self.ctx.world_size):
             if r == me:
                 if self._dense:
                     w.add_(self.send_val)
                 else:
-                    w.index_add_(0, self._sent_idx, self.send_val[:self._sent])
+                    w.index_add_(0, self._sent_idx, self.send_val[:c])
                 continue
             arrays = received[r]
-            if len(arrays) == 1:  # dense
+            if len(arrays) == 1 and np.asarray(arrays[0]).size == w.numel():  # dense
                 copy_array_into(self.recv_val, arrays[0])
                 w.add_(self.recv_val)
-            else:
-                m = int(np.asarray(arrays[0]).size)
-                if m != np.asarray(arrays[1]).size or m > w.numel():
-                    raise RuntimeError(f"dgc: malformed block from rank {r} at step {step}")
-                copy_array_into(self.recv_idx[:m], arrays[0])
-                copy_array_into(self.recv_val[:m], arrays[1])
-                w.index_add_(0, self.recv_idx[:m], self.recv_val[:m])
+                continue
+            m = int(np.asarray(arrays[0]).size)
+            if len(arrays) != 2 or m != np.asarray(arrays[1]).size or m > w.numel():
+                raise RuntimeError(f"dgc: malformed block from rank {r} at step {step}")
+            copy_array_into(self.recv_idx[:m], arrays[0])
+            copy_array_into(self.recv_val[:m], arrays[1])
+            w.index_add_(0, self.recv_idx[:m], self.recv_val[:m])
         self._sent_idx = None
         self._record_residual(step)
 
@@ -364,11 +398,16 @@ class DGC(Algorithm):
             if self._acc[2]:
                 self._last_epoch = (self._acc[0] / self._acc[2], self._acc[1] / self._acc[2])
             self._epoch, self._acc = epoch, [0.0, 0.0, 0]
+        if step % self._diag_stride and step % self.ctx.steps_per_epoch:
+            return  # measured every `stride` steps and on each epoch's first step
         v, w, s = self.v, self.flat.data, self._scratch
-        nonzero_w = int(torch.count_nonzero(w))
         torch.div(v, w, out=s)
-        s.abs_().nan_to_num_(nan=0.0, posinf=0.0)  # w_j == 0: excluded (0/0 -> nan, x/0 -> inf)
-        delta = float(s.sum()) / max(nonzero_w, 1)
+        total = float(s.abs_().sum())
+        if math.isfinite(total):  # no w_j == 0
+            delta = total / w.numel()
+        else:  # exclude w_j == 0 (0/0 -> nan, x/0 -> inf)
+            s.nan_to_num_(nan=0.0, posinf=0.0)
+            delta = float(s.sum()) / max(int(torch.count_nonzero(w)), 1)
         wn = float(torch.linalg.vector_norm(w))
         ratio = float(torch.linalg.vector_norm(v)) / wn if wn > 0 else 0.0
         self._acc[0] += delta
@@ -387,6 +426,7 @@ class DGC(Algorithm):
             "dgc_e_warm": self.e_warm,
             "dgc_sent_entries": float(self.last_sent),
             "dgc_sent_fraction": self.last_sent / self.flat.numel,
+            "dgc_dense_wire": 1.0 if self._dense else 0.0,
             "dgc_residual_delta": self._acc[0] / n_steps if n_steps else 0.0,
             "dgc_residual_norm_ratio": self._acc[1] / n_steps if n_steps else 0.0,
             "dgc_threshold_fallbacks": float(self.paths["fallback"]),
