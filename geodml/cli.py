@@ -56,6 +56,8 @@ FIELD_OF: dict[str, tuple[str | None, str]] = {
     "lambda_c": ("skewscout", "lambda_c"), "sigma_al": ("skewscout", "sigma_al"), "skewscout_search": ("skewscout", "search"),
     "seed": (None, "seed"), "eval_every": (None, "eval_every"), "log_every": (None, "log_every"), "out": (None, "out"),
     "backend": (None, "backend"), "threads": (None, "threads"), "progress": (None, "progress"),
+    "metrics_port": (None, "metrics_port"), "metrics_host": (None, "metrics_host"),
+    "metrics_linger": (None, "metrics_linger_s"),
 }
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "optim": OptimConfig, "algo": AlgoConfig, "comm": CommConfig,
             "skewscout": SkewScoutConfig}
@@ -126,6 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--backend", choices=BACKENDS, help="torch.distributed backend (default auto: nccl with CUDA, else gloo)")
     g.add_argument("--threads", type=int, help="torch threads per rank (default 1)")
     g.add_argument("--no-progress", dest="progress", action="store_false", help="no live progress line")
+    g = p.add_argument_group("metrics")
+    g.add_argument("--metrics-port", type=int, metavar="BASE", help="Prometheus exporter on every rank at port BASE + local rank; "
+                   "writes <out>/prometheus_targets.json (default 0: off)")
+    g.add_argument("--metrics-host", metavar="HOST", help="address the exporters listen on (default 127.0.0.1; 0.0.0.0 for other hosts)")
+    g.add_argument("--metrics-linger", type=float, metavar="S", help="seconds the exporters stay up after the run (default 10)")
     return p
 
 

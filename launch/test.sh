@@ -4,5 +4,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 launch/bootstrap.sh
+# The Prometheus integration test needs a real server: install the Debian package when it is
+# missing and we may (root + apt). Quiet and idempotent; if it cannot, that test skips and says why.
+if ! command -v prometheus >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "test: installing the Debian package prometheus (integration test)" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  { apt-get install -y -q --no-install-recommends prometheus || { apt-get update -q && apt-get install -y -q --no-install-recommends prometheus; }; } \
+    >/dev/null 2>&1 || echo "test: could not install prometheus; its integration test will skip" >&2
+fi
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 exec .venv/bin/python -m pytest -q "$@"

@@ -1,0 +1,321 @@
+"""Prometheus exporter: one HTTP endpoint per rank (DESIGN.md "Metric names").
+
+Every rank serves ``/metrics`` on ``--metrics-host:--metrics-port + local rank`` from its own
+:class:`prometheus_client.CollectorRegistry` (never the global one). Nothing is computed per
+step: a custom collector reads the live sources when Prometheus scrapes --
+
+* the Comm ledger's rows (``comm.ledger.rows()``: bytes, messages and emulated link seconds
+  per (src_region, dst_region, kind) this rank sent) and this rank's emulated clock,
+* the trainer's state (steps done, this rank's own mean training loss of the last log interval),
+* the algorithm's knob (``theta``, labelled with its name: t0, iter_local, e_warm),
+* SkewScout's accuracy loss as this rank measured it (when SkewScout runs),
+* the last validation accuracy of the global model (every rank logs it: the trainer's
+  evaluation is collective), received through the ordinary :class:`Sink` interface,
+* process CPU seconds and resident memory (psutil), GPU memory when the rank uses CUDA.
+
+Metric names and their labels are :data:`METRICS` (one table; the Grafana dashboard test checks
+against it). Every sample carries ``rank``, ``region``, ``algo`` and ``run`` (the run
+directory's name). Link metrics add ``src_region``, ``dst_region``, ``kind``; ``geodml_wan_*``
+counts only traffic between two different regions (so ``sum(geodml_wan_sent_bytes_total)``
+equals summary.json's ``wan_bytes_total``) and ``geodml_lan_sent_bytes_total`` the traffic inside
+one region (``lan_bytes_total``). A value that does not exist yet (no evaluation so far, no
+SkewScout round) is absent, not zero.
+
+:func:`start_rank_exporter` starts the exporters of all ranks together (a collective): when
+any rank cannot listen, every rank raises the same error naming the ranks and ports, so a
+busy port never leaves half a job waiting. :func:`file_sd_groups` is the Prometheus file_sd
+targets document the run writes as ``prometheus_targets.json``.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import socket
+import sys
+import threading
+from socketserver import ThreadingMixIn
+from typing import Any, Callable, Iterable
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from geodml.metrics.sinks import Sink
+
+COMMON_LABELS = ("rank", "region", "algo", "run")
+LINK_LABELS = COMMON_LABELS + ("src_region", "dst_region", "kind")
+
+# name -> (type, label names, help). Prometheus conventions: base units, counters end in _total.
+METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "geodml_wan_sent_bytes_total": (
+        "counter", LINK_LABELS, "Bytes this rank sent to another region, by link and traffic kind (the Comm ledger)."),
+    "geodml_wan_messages_total": (
+        "counter", LINK_LABELS, "Messages this rank sent to another region, by link and traffic kind."),
+    "geodml_wan_emulated_seconds_total": (
+        "counter", LINK_LABELS, "Emulated link seconds (latency + bytes/bandwidth of each message) this rank used, "
+        "by link and kind; 0 under --wan off."),
+    "geodml_lan_sent_bytes_total": (
+        "counter", LINK_LABELS, "Bytes this rank sent inside its own region (LAN), by kind."),
+    "geodml_emulated_time_seconds": (
+        "gauge", COMMON_LABELS, "This rank's emulated clock: measured compute plus modelled communication."),
+    "geodml_steps_total": ("counter", COMMON_LABELS, "Training steps this rank has done."),
+    "geodml_train_loss": (
+        "gauge", COMMON_LABELS, "This rank's own mean training loss over the last log interval."),
+    "geodml_validation_accuracy": (
+        "gauge", COMMON_LABELS, "Accuracy of the global model on the whole test set at the last evaluation "
+        "(the same on every rank)."),
+    "geodml_skewscout_accuracy_loss": (
+        "gauge", COMMON_LABELS, "SkewScout: accuracy loss this rank measured at the last model-traveling round."),
+    "geodml_skewscout_theta": (
+        "gauge", COMMON_LABELS + ("param",), "The algorithm's communication knob (SkewScout's theta); "
+        "param names it (t0, iter_local, e_warm)."),
+    "geodml_process_cpu_seconds_total": ("counter", COMMON_LABELS, "User plus system CPU seconds of this rank's process."),
+    "geodml_process_resident_memory_bytes": ("gauge", COMMON_LABELS, "Resident set size of this rank's process."),
+    "geodml_gpu_memory_allocated_bytes": (
+        "gauge", COMMON_LABELS, "CUDA memory held by tensors of this rank (only when the rank uses a GPU)."),
+    "geodml_gpu_memory_reserved_bytes": (
+        "gauge", COMMON_LABELS, "CUDA memory reserved by this rank's caching allocator (only when the rank uses a GPU)."),
+}
+
+_LINK_VALUES = (("geodml_wan_sent_bytes_total", "bytes"), ("geodml_wan_messages_total", "messages"),
+                ("geodml_wan_emulated_seconds_total", "emulated_s"))
+
+
+class MetricsError(RuntimeError):
+    """An exporter could not start (port in use, address not available, ...)."""
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+class _Collector:
+    """Reads the exporter's sources at scrape time (prometheus_client's custom-collector protocol)."""
+
+    def __init__(self, exporter: "RankExporter") -> None:
+        self.x = exporter
+
+    def describe(self):  # no samples at registration time (nothing is read before the first scrape)
+        return []
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        x = self.x
+        common = [x.labels[k] for k in COMMON_LABELS]
+        fams = {}
+        for name, (kind, labels, doc) in METRICS.items():
+            cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            fams[name] = cls(name, doc, labels=list(labels))
+
+        for row in x._read(x.ledger_rows, []):
+            link = [row["src_region"], row["dst_region"], row["kind"]]
+            if row["src_region"] != row["dst_region"]:
+                for name, key in _LINK_VALUES:
+                    fams[name].add_metric(common + link, float(row.get(key, 0)))
+            else:
+                fams["geodml_lan_sent_bytes_total"].add_metric(common + link, float(row["bytes"]))
+
+        def put(name: str, value: Any, extra: list[str] | None = None) -> None:
+            if _finite(value):
+                fams[name].add_metric(common + (extra or []), float(value))
+
+        put("geodml_emulated_time_seconds", x._read(x.emulated_s))
+        state = x.state
+        put("geodml_steps_total", getattr(state, "step", 0) if state is not None else 0)
+        if state is not None:
+            put("geodml_train_loss", getattr(state, "local_train_loss", None))
+        put("geodml_validation_accuracy", x.values.get("validation_accuracy"))
+        put("geodml_skewscout_accuracy_loss",
+            x._read(x.accuracy_loss) if x.accuracy_loss is not None else x.values.get("skewscout_accuracy_loss"))
+        algo = x.algo
+        if algo is not None and getattr(algo, "theta_name", None):
+            put("geodml_skewscout_theta", x._read(lambda: algo.theta), [str(algo.theta_name)])
+        proc = x._proc
+        if proc is not None:
+            cpu = x._read(proc.cpu_times)
+            if cpu is not None:
+                put("geodml_process_cpu_seconds_total", cpu.user + cpu.system)
+            mem = x._read(proc.memory_info)
+            if mem is not None:
+                put("geodml_process_resident_memory_bytes", mem.rss)
+        dev = x.device
+        if dev is not None and getattr(dev, "type", None) == "cuda":
+            import torch
+            put("geodml_gpu_memory_allocated_bytes", x._read(lambda: torch.cuda.memory_allocated(dev)))
+            put("geodml_gpu_memory_reserved_bytes", x._read(lambda: torch.cuda.memory_reserved(dev)))
+        # families with no sample are still described (HELP/TYPE): Prometheus ignores them
+        return list(fams.values())
+
+
+class _SilentHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # no access log on the run's stderr
+        pass
+
+
+class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a slow scraper never keeps the process alive
+
+
+class RankExporter(Sink):
+    """One rank's exporter; also a :class:`Sink` (it keeps the last validation accuracy it sees).
+
+    Sources may be attached later with :meth:`watch` (the trainer is built after the exporter
+    starts); until then only the ledger, the clock and the process metrics have samples.
+    ``close()`` (the Sink end) does nothing: the HTTP server stops with :meth:`stop`, after the
+    run's linger, so Prometheus can scrape the final values.
+    """
+
+    def __init__(self, *, labels: dict[str, str], ledger_rows: Callable[[], list[dict]] | None = None,
+                 emulated_s: Callable[[], float] | None = None, device: Any = None) -> None:
+        missing = [k for k in COMMON_LABELS if k not in labels]
+        assert not missing, f"exporter labels lack {missing}"
+        self.labels = {k: str(v) for k, v in labels.items()}
+        self.ledger_rows = ledger_rows
+        self.emulated_s = emulated_s
+        self.device = device
+        self.state: Any = None
+        self.algo: Any = None
+        self.accuracy_loss: Callable[[], float | None] | None = None
+        self.values: dict[str, float] = {}
+        self.address: str | None = None
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+        self._warned: set[str] = set()
+        try:
+            import psutil
+            self._proc = psutil.Process()
+        except Exception:  # psutil missing or refused: no process metrics, never a failed run
+            self._proc = None
+        from prometheus_client import CollectorRegistry
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Collector(self))
+
+    # ---- sources -----------------------------------------------------------------------
+    def watch(self, *, state: Any = None, algo: Any = None,
+              accuracy_loss: Callable[[], float | None] | None = None) -> None:
+        """Attach the trainer's state (``step``, ``local_train_loss``), the algorithm (``theta``,
+        ``theta_name``) and SkewScout's per-rank accuracy loss (a callable; None = not measured)."""
+        if state is not None:
+            self.state = state
+        if algo is not None:
+            self.algo = algo
+        if accuracy_loss is not None:
+            self.accuracy_loss = accuracy_loss
+
+    def log(self, record: dict) -> None:
+        """Sink interface: keep the last validation accuracy (and SkewScout's mean accuracy loss
+        when no per-rank source is attached)."""
+        if _finite(record.get("val_accuracy")):
+            self.values["validation_accuracy"] = float(record["val_accuracy"])
+        if _finite(record.get("accuracy_loss")):
+            self.values["skewscout_accuracy_loss"] = float(record["accuracy_loss"])
+
+    def _read(self, fn: Callable[[], Any] | None, default: Any = None) -> Any:
+        """Call a source; a failing source costs its samples, never the scrape or the run."""
+        if fn is None:
+            return default
+        for attempt in range(3):
+            try:
+                return fn()
+            except Exception as exc:
+                if isinstance(exc, RuntimeError) and attempt < 2:
+                    continue  # e.g. the ledger's dict grew while this thread iterated it: read again
+                name = getattr(fn, "__qualname__", repr(fn))
+                if name not in self._warned:
+                    self._warned.add(name)
+                    print(f"geodml: warning: metrics source {name} failed ({exc!r}); its samples are left out",
+                          file=sys.stderr)
+                return default
+        return default
+
+    def exposition(self) -> bytes:
+        """The text Prometheus would scrape now (tests, debugging)."""
+        from prometheus_client import generate_latest
+        return generate_latest(self.registry)
+
+    # ---- server ------------------------------------------------------------------------
+    def start(self, host: str, port: int) -> None:
+        """Listen on ``host:port`` in a daemon thread. Raises :class:`MetricsError` (why, and what to do)."""
+        from prometheus_client import make_wsgi_app
+        try:
+            family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        except socket.gaierror as exc:
+            raise MetricsError(f"--metrics-host {host!r} cannot be resolved ({exc.strerror})") from None
+        server_cls = type("_Server", (_ThreadingWSGIServer,), {"address_family": family})
+        try:
+            server = make_server(host, port, make_wsgi_app(self.registry), server_class=server_cls,
+                                 handler_class=_SilentHandler)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                why = "address already in use (another run or program holds it)"
+            elif exc.errno == errno.EADDRNOTAVAIL:
+                why = "address not available on this host"
+            elif exc.errno == errno.EACCES:
+                why = "permission denied (ports below 1024 need root)"
+            else:
+                why = exc.strerror or str(exc)
+            raise MetricsError(f"cannot listen on {host}:{port}: {why}") from None
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name=f"geodml-metrics-{port}", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop serving (idempotent, bounded: never hangs the run's exit)."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        stopper = threading.Thread(target=server.shutdown, daemon=True)
+        stopper.start()
+        stopper.join(timeout_s)
+        try:
+            server.server_close()
+        except OSError:
+            pass
+
+
+def advertised_host(host: str) -> str:
+    """The address other hosts use to scrape an exporter bound to ``host`` (hostname for wildcards)."""
+    if host in ("0.0.0.0", "::", ""):
+        return socket.gethostname()
+    return host
+
+
+def _target(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def start_rank_exporter(comm: Any, *, rank: int, local_rank: int, base_port: int, host: str, run: str, algo: str,
+                        device: Any = None) -> tuple[RankExporter, list[str]]:
+    """Start this rank's exporter on ``base_port + local_rank``; collective over ``comm`` (uncharged).
+
+    Returns the exporter and every rank's ``host:port`` target (index = rank). If any rank fails,
+    every rank stops its own server and raises :class:`MetricsError` listing the failures.
+    """
+    region = comm.region_of_rank[rank]
+    exporter = RankExporter(labels={"rank": rank, "region": region, "algo": algo, "run": run},
+                            ledger_rows=comm.ledger.rows, emulated_s=lambda: float(comm.emulated_s), device=device)
+    port = base_port + local_rank
+    error = None
+    try:
+        exporter.start(host, port)
+    except MetricsError as exc:
+        error = f"rank {rank} (port {base_port} + local rank {local_rank}): {exc}"
+    results = comm.meta_all_gather_object((error, _target(advertised_host(host), port)))
+    errors = [e for e, _ in results if e]
+    if errors:
+        exporter.stop()
+        raise MetricsError("Prometheus exporter: " + "; ".join(errors) +
+                           ". Choose another --metrics-port (each node uses ports BASE..BASE+ranks-1) "
+                           "or --metrics-port 0 to run without exporters.")
+    exporter.address = results[rank][1]
+    return exporter, [t for _, t in results]
+
+
+def file_sd_groups(targets: Iterable[str], region_of_rank: list[str], *, run: str, algo: str) -> list[dict]:
+    """Prometheus file_sd document: one target group per rank, labelled run/algo/rank/region.
+
+    The same labels are on every sample; the scrape config sets ``honor_labels: true`` so the
+    exporter's own values stay authoritative.
+    """
+    return [{"targets": [t], "labels": {"run": run, "algo": algo, "rank": str(r), "region": region_of_rank[r]}}
+            for r, t in enumerate(targets)]
