@@ -106,6 +106,10 @@ class ThreadComm:
     def meta_all_gather_object(self, obj):
         return self.hub.exchange(self.rank, obj)
 
+    def meta_broadcast(self, tensor, src):
+        vals = self.hub.exchange(self.rank, tensor.clone())
+        tensor.copy_(vals[src])
+
     def bytes(self, kind):
         return sum(r["bytes"] for r in self.ledger.rows() if r["kind"] == kind)
 
