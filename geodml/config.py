@@ -214,13 +214,13 @@ class CommConfig:
     """Emulated WAN and peer transport."""
 
     topology: str | None = None
-    """Topology name (a file in topologies/) or path; None: every rank is its own region, LAN links."""
+    """Topology name (a file in topologies/) or path; None: one region per rank, joined by an illustrative 100 Mbit/s, 50 ms WAN."""
     wan: str = "virtual"
     """off: count bytes; virtual: also advance an emulated clock; real: pace sends in wall time."""
     wan_scale: float = 1.0
     """Multiply every link bandwidth by this factor (run a slow WAN faster); reported."""
     bind_host: str | None = None
-    """Address the ZeroMQ socket binds and advertises; default: 127.0.0.1 single-node, else this node's hostname."""
+    """Address the ZeroMQ socket binds and advertises; default: this node's address towards MASTER_ADDR (127.0.0.1 on one machine); * or 0.0.0.0 binds all interfaces."""
     timeout_s: float = 60.0
     """How long any wait on a peer may take before the run fails naming that peer."""
 

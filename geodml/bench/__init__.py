@@ -14,12 +14,14 @@ from collections.abc import Callable
 BENCHMARKS: dict[str, str] = {
     "transport": "geodml.bench.transport:main",
     "step": "geodml.bench.step:main",
+    "dgc": "geodml.bench.dgc_kernels:main",
 }
 """name -> "module:function" (the function parses its own options from argv)."""
 
 DESCRIPTIONS: dict[str, str] = {
     "transport": "ZeroMQ transport vs raw pyzmq on loopback; --wan real pacing accuracy",
     "step": "per-step synchronization overhead of an algorithm against compute-only and its kernel",
+    "dgc": "DGC selection kernels and exchange",
 }
 
 

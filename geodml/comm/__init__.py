@@ -19,7 +19,7 @@ from geodml.comm.wan import Topology, TopologyError, WanLink, default_topology, 
 if TYPE_CHECKING:
     from geodml.config import CommConfig
 
-__all__ = ["Comm", "Ledger", "KINDS", "WAN_MODES", "build_comm", "CommError", "CommTimeoutError", "Topology",
+__all__ = ["Comm", "Ledger", "KINDS", "WAN_MODES", "build_comm", "CommError", "CommTimeoutError", "PeerTransport", "Topology",
            "TopologyError", "WanLink", "load_topology", "default_topology"]
 
 

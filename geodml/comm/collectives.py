@@ -32,6 +32,12 @@ clock moves to ``max over ranks of the clock at entry + duration``.
 Point-to-point messages are charged ``envelope + tensor bytes`` per destination, with
 ``transfer_s`` of that size on the directed link as emulated seconds.
 
+A message with *no arrays* is a lock-step marker: the emulator runs partitions in step, so
+an algorithm that has nothing to send this step (Gaia with no significant update) still tells
+its peers so, where a real deployment would send nothing at all. Markers are therefore not
+charged and carry no link time: they arrive at the sender's clock (they still synchronize
+the ranks' clocks, as the lock-step emulation does).
+
 ``meta_*`` collectives are the emulator's own bookkeeping (metric averages, evaluation
 counts, end-of-run totals, the clock synchronization itself); they are not part of the
 emulated system and are never charged.
@@ -100,6 +106,15 @@ class Comm:
     ``Comm(rank=, world_size=, region_of_rank=)`` alone gives collectives with ``--wan off``
     accounting and no point-to-point transport. A Comm is used from one thread.
 
+    * charged collectives (every rank calls them): ``all_reduce``, ``broadcast``, ``all_gather``;
+    * charged point-to-point, tagged (kind, step): ``send``/``send_to_all`` (no copy; return
+      when the tensors may be overwritten, or at once with ``wait=False`` until ``flush``),
+      ``recv``/``recv_from_all`` (numpy arrays viewing the received frames; messages for
+      other steps or kinds are kept until asked for);
+    * uncharged bookkeeping: ``meta_all_reduce``, ``meta_all_gather_object``;
+    * the clock: ``advance_compute(seconds)`` (the trainer, every step), ``emulated_s``;
+    * ``ledger`` (bytes per region pair and kind), ``link(src, dst)``, ``close()``.
+
     Errors: bad arguments (unknown kind, invalid rank) raise ``ValueError``; a peer that does
     not answer within ``timeout_s`` raises :class:`geodml.comm.CommTimeoutError` naming it.
     """
@@ -111,6 +126,8 @@ class Comm:
             raise ValueError(f"--wan: choose one of {', '.join(WAN_MODES)}, got {wan!r}")
         if wan != "off" and topology is None:
             raise ValueError(f"--wan {wan} needs a topology for the link model")
+        if wan == "real" and transport is not None and transport.pacer is None:
+            raise ValueError("--wan real needs a paced transport (PeerTransport(..., paced=True))")
         if len(region_of_rank) != world_size:
             raise ValueError(f"region_of_rank has {len(region_of_rank)} entries for world size {world_size}")
         self.rank = rank
@@ -265,6 +282,11 @@ class Comm:
         if self.world_size > 1:
             dist.all_reduce(tensor)
 
+    def meta_broadcast(self, tensor: torch.Tensor, src: int) -> None:
+        """In place: ``src``'s tensor on every rank, for the emulator's bookkeeping (never charged)."""
+        if self.world_size > 1:
+            dist.broadcast(tensor, src)
+
     def meta_all_gather_object(self, obj: object) -> list[object]:
         """Gather a picklable object from every rank (never charged)."""
         if self.world_size == 1:
@@ -312,10 +334,13 @@ class Comm:
         transport = self._need_transport()
         wall_now = time.monotonic() if self.wan == "real" else 0.0
         targets, link_s = [], []
+        marker = not out.payloads  # lock-step marker: see the module docstring
         for d in dsts:
             arrival_s = seconds = 0.0
             release_at = None
-            if self._timed:
+            if marker:
+                arrival_s = self._clock.now_s if self._timed else 0.0
+            elif self._timed:
                 link = self._links[self.rank][d]
                 arrival_s = self._clock.send(d, out.nbytes)
                 seconds = link.transfer_s(out.nbytes)
@@ -324,6 +349,8 @@ class Comm:
             targets.append((d, arrival_s, release_at))
             link_s.append(seconds)
         transport.send(out, targets, wait=wait)
+        if marker:
+            return
         for (d, _, _), seconds in zip(targets, link_s):
             self.ledger.charge(d, out.kind, out.nbytes, messages=1, emulated_s=seconds)
 

@@ -25,8 +25,13 @@ copy; each message has its own frames, so they belong to the receiver).
 
 Ownership. :meth:`PeerTransport.send` returns when ZeroMQ has released the arrays' memory
 (the bytes are in the kernel), so the caller may overwrite its buffers at once, as after
-``torch.distributed.send``. Messages released later by the ``--wan real`` pacer are copied
-first (that copy is negligible next to the paced WAN time).
+``torch.distributed.send``: an algorithm that refills a preallocated buffer, or sends its
+live parameters, can never ship a half-overwritten tensor. That hand-over wait costs a
+streaming sender some throughput (see ``python -m geodml.bench transport``), so
+``send(..., wait=False)`` returns at once instead and :meth:`PeerTransport.flush` waits for
+every such message; until then the arrays must not be written. Messages released later by
+the ``--wan real`` pacer are copied first (negligible next to the paced WAN time), so the
+caller's arrays are free at once in that mode.
 
 Receiving. There is no receiver thread: ZeroMQ's own I/O thread already receives in the
 background. :meth:`PeerTransport.recv` returns a queued message if one matches, else
@@ -194,7 +199,7 @@ class PeerTransport:
         self._closed = False
         self._pending: dict[tuple[int, str, int], deque[Incoming]] = {}
         self._rcvtimeo_ms = -1
-        self._in_flight: list[tuple[zmq.MessageTracker, Outgoing, list[int]]] = []
+        self._in_flight: deque[tuple[weakref.ref, Outgoing, list[int]]] = deque()
         self.addresses = [""] * world_size
         self._ctx = zmq.Context()
         self._pull = self._ctx.socket(zmq.PULL)
@@ -280,17 +285,19 @@ class PeerTransport:
         """
         self._check_open()
         now_targets = []
+        owned = None
         for dst, arrival_s, release_at in targets:
             if release_at is None:
                 now_targets.append((dst, arrival_s))
                 continue
             assert self.pacer is not None, "paced send needs a transport built with paced=True"
-            owned = [p.copy() for p in out.payloads]  # one copy per destination: frames are consumed
+            if owned is None:  # one private copy, shared by every paced destination (never written)
+                owned = [p.copy() for p in out.payloads]
             self.pacer.submit(release_at, _PacedSend(self, dst, [out.envelope(arrival_s), *owned], out.kind,
                                                      out.step, out.nbytes))
         if not now_targets:
             return
-        frames, tracker = _frames(out.payloads)
+        frames, tracker = _frames(out.payloads, track=wait)
         for dst, arrival_s in now_targets:
             try:
                 self._push[dst].send_multipart([out.envelope(arrival_s), *frames], copy=False)
@@ -306,16 +313,24 @@ class PeerTransport:
         if wait:
             self._wait_released(tracker, out, [d for d, _ in now_targets], time.monotonic() + self.timeout_s)
         else:
-            self._in_flight = [(t, o, d) for t, o, d in self._in_flight if not t.done]
+            # ZeroMQ releases messages in order: drop the finished ones from the front.
+            while self._in_flight and self._in_flight[0][0]() is None:
+                self._in_flight.popleft()
             self._in_flight.append((tracker, out, [d for d, _ in now_targets]))
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Wait until ZeroMQ has released the arrays of every ``send(wait=False)`` so far."""
         deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
         while self._in_flight:
-            tracker, out, dsts = self._in_flight[0]
-            self._wait_released(tracker, out, dsts, deadline)
-            self._in_flight.pop(0)
+            alive, out, dsts = self._in_flight[0]
+            while alive() is not None:  # rare and short: poll rather than pay a tracker per message
+                if time.monotonic() >= deadline:
+                    who = ", ".join(self.describe(d) for d in dsts)
+                    raise CommTimeoutError(
+                        f"rank {self.rank}: the {out.kind!r} message for step {out.step} ({out.nbytes} B) was "
+                        f"not taken by {who} within the flush timeout (peer unreachable or not running)")
+                time.sleep(0.0002)
+            self._in_flight.popleft()
 
     def _wait_released(self, tracker: zmq.MessageTracker, out: Outgoing, dsts: list[int], deadline: float) -> None:
         try:
@@ -329,13 +344,28 @@ class PeerTransport:
     # ---- receiving -------------------------------------------------------------------
     def recv(self, src: int, kind: str, step: int, timeout_s: float | None = None) -> Incoming:
         """The next message from ``src`` of ``kind`` for ``step``; waits at most ``timeout_s``."""
-        q = self._pending.get((src, kind, step))
+        key = (src, kind, step)
+        q = self._pending.get(key)
         if q and not self._closed:
             msg = q.popleft()
             if not q:
-                del self._pending[(src, kind, step)]
+                del self._pending[key]
             return msg
-        return self.recv_many([src], kind, step, timeout_s)[src]
+        self._check_open()
+        timeout = self.timeout_s if timeout_s is None else float(timeout_s)
+        deadline = time.monotonic() + timeout
+        while True:  # the common case: the next message on the socket is the one asked for
+            left = deadline - time.monotonic()
+            if left <= 0:
+                while self._receive(0):  # queue whatever is already there, then look once more
+                    pass
+                if self._pending.get(key):
+                    return self.recv(src, kind, step, 0)
+                raise CommTimeoutError(self._timeout_message([src], kind, step, timeout))
+            msg = self._receive(max(1, math.ceil(left * 1000)), want=key)
+            if msg is not None:
+                return msg
+            self._check_open()
 
     def recv_many(self, srcs: Sequence[int], kind: str, step: int, timeout_s: float | None = None) -> dict[int, Incoming]:
         """One message of ``kind`` for ``step`` from each of ``srcs``."""
@@ -366,19 +396,24 @@ class PeerTransport:
             self._receive(max(1, math.ceil(left * 1000)))
             self._check_open()
 
-    def _receive(self, timeout_ms: int) -> bool:
-        """Queue the next message from the socket; blocks in ZeroMQ (GIL released) at most
-        ``timeout_ms`` (0: only if one is already there). False if none came."""
+    def _receive(self, timeout_ms: int, want: tuple[int, str, int] | None = None) -> Incoming | bool | None:
+        """Take the next message from the socket, blocking in ZeroMQ (GIL released) at most
+        ``timeout_ms`` (0: only if one is already there). With ``want``: return it if it is
+        that (src, kind, step), else queue it and return None. Without: queue it and return
+        whether one came."""
         if timeout_ms != self._rcvtimeo_ms:
             self._pull.setsockopt(zmq.RCVTIMEO, timeout_ms)
             self._rcvtimeo_ms = timeout_ms
         try:
             frames = self._pull.recv_multipart(copy=False)
         except zmq.Again:
-            return False
+            return None if want is not None else False
         msg = self._decode(frames)
-        self._pending.setdefault((msg.src, msg.kind, msg.step), deque()).append(msg)
-        return True
+        key = (msg.src, msg.kind, msg.step)
+        if want is not None and key == want:
+            return msg
+        self._pending.setdefault(key, deque()).append(msg)
+        return None if want is not None else True
 
     def _decode(self, frames: list) -> Incoming:
         try:
@@ -392,12 +427,12 @@ class PeerTransport:
         nbytes = len(frames[0].buffer)
         for (dtype_str, shape), f in zip(descs, frames[1:]):
             buf = f.buffer
-            dt = _DTYPES.get(dtype_str)
-            if dt is None:
-                dt = _DTYPES[dtype_str] = np.dtype(dtype_str)
             try:
+                dt = _DTYPES.get(dtype_str)
+                if dt is None:
+                    dt = _DTYPES[dtype_str] = np.dtype(dtype_str)
                 a = np.frombuffer(buf, dtype=dt)
-            except ValueError:  # not a whole number of elements
+            except (TypeError, ValueError):  # unknown dtype, or not a whole number of elements
                 a = None
             if a is None or a.size != math.prod(shape):
                 raise CommError(f"rank {self.rank}: message {kind!r} step {step} from {self.describe(src)} has "
@@ -456,18 +491,32 @@ class _PacedSend:
             self.frames = []
 
 
-def _frames(payloads: list[np.ndarray]) -> tuple[list, zmq.MessageTracker | None]:
+def _frames(payloads: list[np.ndarray], *, track: bool = True) -> tuple[list, object | None]:
     """ZeroMQ frames for the payloads: zero-copy from ZERO_COPY_MIN_BYTES, else copied.
 
-    Returns the frames and a tracker of the last zero-copy frame (None if all were copied).
-    ZeroMQ writes the frames of a message in order, to every destination in order, so when the
-    last zero-copy frame is released all earlier ones are too. The caller must drop the frames
+    Returns the frames and a handle on the last zero-copy frame (None if all were copied):
+    with ``track``, its ``zmq.MessageTracker``; without, a weak reference to a view made for
+    it, which dies when ZeroMQ releases the frame (cheaper: no event per message). ZeroMQ
+    writes the frames of a message in order, to every destination in order, so when the last
+    zero-copy frame is released all earlier ones are too. The caller must drop the frames
     after sending: a buffer is released only when no Frame object refers to it any more.
     """
     last_big = max((i for i, p in enumerate(payloads) if p.nbytes >= ZERO_COPY_MIN_BYTES), default=-1)
-    frames = [zmq.Frame(p, copy=False, track=i == last_big) if p.nbytes >= ZERO_COPY_MIN_BYTES
-              else zmq.Frame(p, copy=True) for i, p in enumerate(payloads)]
-    return frames, (frames[last_big].tracker if last_big >= 0 else None)
+    frames = []
+    handle = None
+    for i, p in enumerate(payloads):
+        if p.nbytes < ZERO_COPY_MIN_BYTES:
+            frames.append(zmq.Frame(p, copy=True))
+        elif i != last_big:
+            frames.append(zmq.Frame(p, copy=False))
+        elif track:
+            frames.append(zmq.Frame(p, copy=False, track=True))
+            handle = frames[-1].tracker
+        else:
+            view = p.view()
+            frames.append(zmq.Frame(view, copy=False))
+            handle = weakref.ref(view)
+    return frames, handle
 
 
 def _shutdown(ctx: zmq.Context, pull: zmq.Socket, push: dict, pacer: Pacer | None) -> None:
