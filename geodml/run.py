@@ -162,6 +162,7 @@ def run(cfg: RunConfig, env: Env) -> dict | None:
             "final_val_accuracy": final["val_accuracy"],
             "final_model": "global" if algo.models_agree or algo.global_model_rank is not None else "average_of_weights",
             "per_rank_val_accuracy": result["per_rank_val_accuracy"],
+            "per_rank_train_accuracy": result["per_rank_train_accuracy"],
             "final_val_loss": final["val_loss"],
             "final_train_loss": final["train_loss"],
             **Ledger.summarize(rows),

@@ -262,6 +262,10 @@ class Trainer:
 
     def _finish(self, lr: float) -> dict:
         final = self._log(lr, with_eval=True)
+        # Each partition's own model: on the whole test set, and on its own training data.
         own_correct, _ = evaluate(self.model, self.test_x, self.test_y)
-        per_rank = self.comm.meta_all_gather_object(own_correct / len(self.test_y))
-        return {"final": final, "per_rank_val_accuracy": per_rank}
+        local = torch.from_numpy(self.sampler.indices).to(self.train_x.device)
+        train_correct, _ = evaluate(self.model, self.train_x[local], self.train_y[local])
+        per_rank = self.comm.meta_all_gather_object((own_correct / len(self.test_y), train_correct / len(local)))
+        return {"final": final, "per_rank_val_accuracy": [v for v, _ in per_rank],
+                "per_rank_train_accuracy": [t for _, t in per_rank]}

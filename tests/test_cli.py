@@ -77,3 +77,25 @@ def test_main_silent_on_other_ranks(capsys, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "5")
     assert main(["--lr", "-1"]) == 2
     assert capsys.readouterr().err == ""
+
+
+def test_torchrun_bad_flag_exit_2_message_printed_once():
+    """Under torchrun every rank exits with 2 before any process group exists; only rank 0 speaks."""
+    from tests.mp import run_torchrun
+    r = run_torchrun(3, ["--lr", "-1", "--dataset", "digits"], timeout_s=120)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0
+    assert out.count("geodml: error: --lr must be > 0") == 1
+    assert "exitcode  : 2" in out and "Traceback (most recent call last)" not in out.split("geodml: error")[0]
+
+
+def test_bad_topology_and_data_dir_rejected_before_start(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    assert main(["--topology", "no-such-topology"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("geodml: error:") == 1 and "no-such-topology" in err
+    assert main(["--dataset", "mnist", "--data-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("geodml: error:") == 1 and "train-images-idx3-ubyte" in err
+    assert main(["--algo", "bsp", "--skewscout"]) == 2
+    assert "--skewscout tunes a communication knob" in capsys.readouterr().err

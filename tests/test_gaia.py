@@ -158,3 +158,49 @@ def test_huge_threshold_is_independent_local_training(tmp_path):
             torch.testing.assert_close(models[r_][name], p.detach(), rtol=1e-4, atol=1e-5)
     # the partitions really did diverge
     assert not torch.equal(models[0]["fc2.weight"], models[1]["fc2.weight"])
+
+
+def _gaia_bytes_worker(rank, world, steps):
+    import msgpack
+
+    from geodml.comm import build_comm
+    from geodml.comm.transport import PROTOCOL_VERSION
+    from geodml.config import CommConfig
+
+    comm = build_comm(CommConfig(wan="off"), rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(50, 4)  # 204 parameters
+        flat = FlatParams(model)
+        ctx = AlgoContext(rank=rank, world_size=world, seed=0, steps_per_epoch=10, total_steps=steps, batch_size=4,
+                          label_counts=np.ones((world, 4), dtype=np.int64))
+        g = Gaia(flat=flat, comm=comm, momentum=0.9, ctx=ctx, t0=0.05, lr0=0.1)
+        gen = torch.Generator().manual_seed(100 + rank)
+        expected = 0
+        sent = []
+        for step in range(steps):
+            # dense early (many significant), two quiet steps (markers only), then sparse
+            g.t0 = 1e9 if step in (3, 4) else (0.05 if step < 3 else 3.0)
+            flat.grad.copy_(torch.randn(flat.numel, generator=gen))
+            g.step(step, 0.1)
+            n, dense = g.sent_entries, g.sent_dense
+            sent.append((n, dense))
+            if n:
+                descs = [["<f4", [flat.numel]]] if dense else [["<i4", [n]], ["<f4", [n]]]
+                envelope = len(msgpack.packb([PROTOCOL_VERSION, "update", step, rank, 0.0, descs]))
+                payload = 4 * flat.numel if dense else 8 * n
+                expected += (world - 1) * (envelope + payload)
+        charged = sum(r["bytes"] for r in comm.ledger.rows() if r["kind"] == "update")
+        return {"expected": expected, "charged": charged, "sent": sent}
+    finally:
+        comm.close()
+
+
+def test_update_bytes_are_entries_times_8_plus_envelope():
+    from tests.mp import run_workers
+    res = run_workers("tests.test_gaia:_gaia_bytes_worker", 3, timeout_s=90, steps=10)
+    for r in res:
+        assert r["charged"] == r["expected"]
+        assert r["sent"][3][0] == 0 and r["sent"][4][0] == 0       # forced quiet steps: nothing charged
+        assert any(n for n, _ in r["sent"]) and r["charged"] > 0
+        assert any(d for _, d in r["sent"]) and any(n and not d for n, d in r["sent"])  # both wire formats used
