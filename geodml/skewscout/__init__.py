@@ -32,7 +32,9 @@ class SkewScout:
         self.rank, self.world_size = rank, world_size
         self.rounds = 0
         self.last_bytes = 0
-        self.controller = Controller(algo.theta_grid, algo.theta, model_exchange_bytes=world_size * model_bytes,
+        # CM: the whole model from every partition to every other one, every step of the interval
+        full_exchange = cfg.travel_every * world_size * (world_size - 1) * model_bytes
+        self.controller = Controller(algo.theta_grid, algo.theta, model_exchange_bytes=full_exchange,
                                      lambda_al=cfg.lambda_al, lambda_c=cfg.lambda_c, sigma_al=cfg.sigma_al,
                                      search=cfg.search, comm_ratio=getattr(algo, "comm_ratio", None) or _inverse,
                                      seed=seed)
