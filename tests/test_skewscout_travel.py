@@ -66,3 +66,40 @@ def test_accuracy_loss_known_for_constructed_partitions(mode, expected_al):
         payload = r["numel"] * 4
         overhead = sum(row["bytes"] for row in travel) - rounds * payload
         assert r["numel"] == 12 and 0 < overhead <= rounds * 200  # envelope bytes only
+
+
+def _trajectory(out):
+    return [t["theta"] for t in json.loads((out / "summary.json").read_text())["theta_trajectory"]]
+
+
+@pytest.mark.parametrize("partition,direction", [(["--partition", "label", "--skew", "1.0"], "tighter"),
+                                                  (["--partition", "iid"], "looser")])
+def test_gaia_skewscout_end_to_end(tmp_path, partition, direction):
+    """Same start (T0 = 10%): 100% non-IID partitions diverge (high AL) and SkewScout tightens T0;
+    IID partitions agree (AL ~ 0) and it loosens T0. Travel bytes = model bytes x trips + envelopes."""
+    import msgpack
+
+    from geodml.comm.transport import PROTOCOL_VERSION
+    # 40 steps before the first decision (barely trained models disagree even on IID data) and
+    # 300 evaluation samples (AL's sampling noise is about +-0.03 with 100)
+    k, every, steps, out = 3, 40, 120, tmp_path / "run"
+    r = run_torchrun(k, ["--dataset", "digits", "--model", "lenet", "--algo", "gaia", "--t0", "0.1", "--skewscout",
+                         "--travel-every", str(every), "--travel-samples", "300", "--steps", str(steps), "--no-progress", "--wan", "off",
+                         "--eval-every", "1000", "--out", str(out), *partition], timeout_s=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    traj = _trajectory(out)
+    assert traj[0] == 0.1 and len(traj) == 1 + steps // every
+    if direction == "tighter":
+        assert traj[1] < 0.1 and min(traj) <= 0.05
+    else:
+        assert traj[1] > 0.1 and traj[-1] >= 0.3
+    s = json.loads((out / "summary.json").read_text())
+    numel = 188_810  # LeNet on 8x8 digits
+    expected = 0
+    for step in range(every, steps + 1, every):
+        for src in range(k):
+            env = len(msgpack.packb([PROTOCOL_VERSION, "travel", step, src, 0.0, [["<f4", [numel]]]]))
+            expected += env + 4 * numel
+    assert s["wan_bytes_by_kind"]["travel"] == expected
+    decisions = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if "accuracy_loss" in x]
+    assert len(decisions) == steps // every and all(len(d["accuracy_loss_per_partition"]) == k for d in decisions)
