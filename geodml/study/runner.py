@@ -1,0 +1,285 @@
+"""Launch geodml runs as ``torchrun`` subprocesses for studies (Quagmire §7.3 needs many runs).
+
+A study (the Oracle baseline of §7.3, later the whole-paper study runner) is a list of
+``RunSpec``s: a run id, a run directory and the geodml flags. ``run_all`` executes them,
+``jobs`` at a time, and returns one ``RunResult`` per spec, in spec order:
+
+* **Reuse.** A run directory that already holds ``summary.json`` is not run again (the study
+  is resumable). The runner writes ``launch.json`` (the flags and process count) into every
+  directory it launches; ``check_reusable`` refuses a directory whose ``launch.json`` names
+  different flags, so a changed study never silently reuses a stale run. A directory without
+  ``summary.json`` that the runner created (it has ``launch.json``) is an interrupted run: it
+  is cleared and run again.
+* **Failures are reported, never hidden.** A non-zero exit or a timeout gives status
+  ``failed`` / ``timeout`` with the exit code and the last lines of the run's stderr
+  (``stderr.txt`` in the run directory; stdout goes to ``stdout.txt``).
+* **No orphans.** Every child starts in its own session; a timeout, Ctrl-C or any exception
+  sends SIGTERM to the child's process group and to every descendant (torchrun starts its
+  workers in sessions of their own), then SIGKILL after ``grace_s``.
+* **Injectable launcher.** ``launcher(spec, stdout, stderr) -> subprocess.Popen`` starts one
+  run (default ``torchrun_launcher``); tests pass fakes. A launcher must start its child with
+  ``start_new_session=True``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Callable
+
+import psutil
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+LAUNCH_FILE = "launch.json"
+SUMMARY_FILE = "summary.json"
+STDOUT_FILE = "stdout.txt"
+STDERR_FILE = "stderr.txt"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One geodml run: ``torchrun --nproc_per_node=nproc -m geodml *argv --out out``."""
+
+    run_id: str
+    out: Path
+    argv: tuple[str, ...]
+    nproc: int
+    meta: dict = field(default_factory=dict, compare=False, hash=False)
+
+
+@dataclass
+class RunResult:
+    spec: RunSpec
+    status: str  # "ok" (ran now), "reused" (summary.json existed), "failed", "timeout"
+    summary: dict | None = None
+    returncode: int | None = None
+    elapsed_s: float = 0.0
+    stderr_tail: str = ""
+    error: str | None = None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status in ("ok", "reused") and self.summary is not None
+
+    def to_dict(self) -> dict:
+        return {"run_id": self.spec.run_id, "dir": str(self.spec.out), "status": self.status,
+                "returncode": self.returncode, "elapsed_s": round(self.elapsed_s, 3), "error": self.error,
+                "stderr_tail": self.stderr_tail or None}
+
+
+Launcher = Callable[[RunSpec, IO[bytes], IO[bytes]], subprocess.Popen]
+
+
+def torchrun_command(spec: RunSpec) -> list[str]:
+    """The command line of one run (``--standalone``: torchrun picks a free port, so runs can overlap)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={spec.nproc}",
+            "-m", "geodml", *spec.argv, "--out", str(spec.out)]
+
+
+def child_env() -> dict[str, str]:
+    """This checkout first on PYTHONPATH (geodml need not be installed), one thread per rank."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def torchrun_launcher(spec: RunSpec, stdout: IO[bytes], stderr: IO[bytes]) -> subprocess.Popen:
+    return subprocess.Popen(torchrun_command(spec), stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
+                            env=child_env(), start_new_session=True)
+
+
+# ---- run directories ----------------------------------------------------------------------
+
+def read_summary(out: Path) -> dict | None:
+    """The run's summary.json, or None when absent or unreadable (a run killed mid-write)."""
+    try:
+        return json.loads((Path(out) / SUMMARY_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def launch_record(spec: RunSpec) -> dict:
+    return {"argv": list(spec.argv), "nproc": spec.nproc}
+
+
+def check_reusable(spec: RunSpec) -> None:
+    """Raise ValueError if ``spec.out`` holds a run launched with other flags than ``spec``'s."""
+    path = Path(spec.out) / LAUNCH_FILE
+    if not path.exists():
+        return
+    try:
+        old = json.loads(path.read_text())
+    except ValueError:
+        raise ValueError(f"{path} is not valid JSON; remove {spec.out} to run {spec.run_id} again") from None
+    new = launch_record(spec)
+    if old != new:
+        raise ValueError(f"{spec.out} holds a run with other flags (nproc {old.get('nproc')}, {' '.join(old.get('argv', []))}) "
+                         f"than requested (nproc {new['nproc']}, {' '.join(new['argv'])}); choose another --out or remove it")
+
+
+def _prepare_dir(spec: RunSpec) -> None:
+    out = Path(spec.out)
+    if out.exists() and (out / LAUNCH_FILE).exists():  # an interrupted run of ours: start it afresh
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / LAUNCH_FILE).write_text(json.dumps(launch_record(spec), indent=2) + "\n")
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+# ---- processes ----------------------------------------------------------------------------
+
+def kill_tree(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM the child's process group and all its descendants; SIGKILL what is left after grace_s."""
+    try:
+        tree = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        tree = []
+    _signal_group(proc.pid, signal.SIGTERM)
+    for p in tree:
+        _signal_proc(p, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    _, alive = psutil.wait_procs(tree, timeout=max(0.1, grace_s / 2))
+    _signal_group(proc.pid, signal.SIGKILL)
+    for p in alive:
+        _signal_proc(p, signal.SIGKILL)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _signal_proc(p: psutil.Process, sig: int) -> None:
+    try:
+        p.send_signal(sig)
+    except psutil.NoSuchProcess:
+        pass
+
+
+@dataclass
+class _Live:
+    spec: RunSpec
+    index: int
+    proc: subprocess.Popen
+    started: float
+    files: tuple[IO[bytes], IO[bytes]]
+
+
+def _start(spec: RunSpec, index: int, launcher: Launcher) -> _Live:
+    _prepare_dir(spec)
+    stdout = open(Path(spec.out) / STDOUT_FILE, "wb")
+    stderr = open(Path(spec.out) / STDERR_FILE, "wb")
+    try:
+        proc = launcher(spec, stdout, stderr)
+    except BaseException:
+        stdout.close()
+        stderr.close()
+        raise
+    return _Live(spec, index, proc, time.monotonic(), (stdout, stderr))
+
+
+def _finish(live: _Live, *, timed_out: bool) -> RunResult:
+    for f in live.files:
+        f.close()
+    spec, code = live.spec, live.proc.returncode
+    elapsed = time.monotonic() - live.started
+    err_tail = tail(Path(spec.out) / STDERR_FILE)
+    if timed_out:
+        return RunResult(spec, "timeout", returncode=code, elapsed_s=elapsed, stderr_tail=err_tail,
+                         error=f"killed after the run timeout ({elapsed:.0f} s)")
+    summary = read_summary(spec.out)
+    if code != 0 or summary is None:
+        why = f"exit code {code}" if code != 0 else f"exit code 0 but no readable {SUMMARY_FILE}"
+        return RunResult(spec, "failed", returncode=code, elapsed_s=elapsed, stderr_tail=err_tail, error=why)
+    return RunResult(spec, "ok", summary=summary, returncode=0, elapsed_s=elapsed)
+
+
+def describe(result: RunResult) -> str:
+    """One progress line for a finished run."""
+    s = result.summary or {}
+    if result.succeeded:
+        acc, wan = s.get("final_val_accuracy"), s.get("wan_bytes_total")
+        acc_s = f"{acc:.4f}" if isinstance(acc, (int, float)) else "?"
+        return f"accuracy {acc_s}, WAN bytes {wan:,}" if isinstance(wan, int) else f"accuracy {acc_s}"
+    return f"{result.error}" + (f"; stderr tail:\n{_indent(result.stderr_tail)}" if result.stderr_tail else "")
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    " + line for line in text.splitlines())
+
+
+def run_all(specs: list[RunSpec], *, jobs: int = 1, timeout_s: float = 1800.0, launcher: Launcher = torchrun_launcher,
+            log: Callable[[str], None] = print, poll_s: float = 0.2, grace_s: float = 10.0) -> list[RunResult]:
+    """Run every spec (reusing finished ones), ``jobs`` at a time; results in spec order.
+
+    Ctrl-C (or any exception) kills every running child's process tree and re-raises.
+    """
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
+    t0 = time.monotonic()
+    n = len(specs)
+    results: list[RunResult | None] = [None] * n
+    pending: list[int] = []
+    for i, spec in enumerate(specs):
+        summary = read_summary(spec.out)
+        if summary is not None:
+            results[i] = RunResult(spec, "reused", summary=summary, returncode=0)
+            log(f"[{i + 1}/{n}] reused {spec.run_id} ({spec.out / SUMMARY_FILE} exists): {describe(results[i])}")
+        else:
+            pending.append(i)
+    live: list[_Live] = []
+    try:
+        while pending or live:
+            while pending and len(live) < jobs:
+                i = pending.pop(0)
+                log(f"[{i + 1}/{n}] start {specs[i].run_id} (study time {time.monotonic() - t0:.1f} s)")
+                try:
+                    live.append(_start(specs[i], i, launcher))
+                except OSError as exc:  # e.g. the interpreter or the run directory is not usable
+                    results[i] = RunResult(specs[i], "failed", error=f"could not start: {exc}")
+                    log(f"[{i + 1}/{n}] FAILED {specs[i].run_id}: {results[i].error}")
+            time.sleep(poll_s)
+            for lv in list(live):
+                timed_out = lv.proc.poll() is None and time.monotonic() - lv.started > timeout_s
+                if timed_out:
+                    kill_tree(lv.proc, grace_s)
+                if lv.proc.poll() is None:
+                    continue
+                live.remove(lv)
+                res = results[lv.index] = _finish(lv, timed_out=timed_out)
+                word = "done" if res.succeeded else res.status.upper()
+                log(f"[{lv.index + 1}/{n}] {word} {lv.spec.run_id} in {res.elapsed_s:.1f} s "
+                    f"(study time {time.monotonic() - t0:.1f} s): {describe(res)}")
+    except BaseException:
+        for lv in live:
+            log(f"stopping {lv.spec.run_id} (pid {lv.proc.pid})")
+            kill_tree(lv.proc, grace_s)
+            for f in lv.files:
+                f.close()
+        raise
+    return [r for r in results if r is not None]
