@@ -4,7 +4,8 @@
 * a silent peer makes recv/recv_from_all fail with a timeout that names it (no hang), and
   nothing already received is lost by the timeout;
 * bad arguments are ValueErrors; close() is idempotent and leaves no thread behind;
-* two transports in this process: bind-host forms, zero-copy hand-over, address-exchange timeout.
+* transports in this process: bind-host forms, zero-copy hand-over (one and several peers, every
+  size class), address-exchange timeout.
 """
 
 import pytest
@@ -205,6 +206,11 @@ def test_single_rank_comm_needs_no_peers():
 
 def _pair(monkeypatch, kw):
     """Two PeerTransports in this process (threads build them concurrently), sharing a HashStore."""
+    return _group(monkeypatch, kw)
+
+
+def _group(monkeypatch, kw):
+    """One PeerTransport per entry of ``kw`` in this process, built concurrently, sharing a HashStore."""
     import itertools
     import threading
 
@@ -214,13 +220,14 @@ def _pair(monkeypatch, kw):
 
     monkeypatch.setattr(T, "_namespace_counter", itertools.repeat(0))
     store = dist.HashStore()
-    out = [None, None]
+    n = len(kw)
+    out = [None] * n
 
     def build(r):
-        out[r] = T.PeerTransport(rank=r, world_size=2, store=store, timeout_s=10, region_of_rank=["x", "y"],
-                                 **kw[r])
+        out[r] = T.PeerTransport(rank=r, world_size=n, store=store, timeout_s=10,
+                                 region_of_rank=["x", "y", "z"][:n], **kw[r])
 
-    threads = [threading.Thread(target=build, args=(r,)) for r in (0, 1)]
+    threads = [threading.Thread(target=build, args=(r,)) for r in range(n)]
     [t.start() for t in threads]
     [t.join(timeout=30) for t in threads]
     return out
@@ -251,6 +258,42 @@ def test_bind_host_forms_and_zero_copy_round_trip(monkeypatch):
     finally:
         a.close()
         b.close()
+
+
+def test_hand_over_to_several_peers_copied_and_zero_copy_arrays(monkeypatch):
+    """Buffers are free when send() returns (or after flush) for every size class, with frames
+    shared by several destinations; the envelope is the documented msgpack list."""
+    import msgpack
+    import numpy as np
+
+    import geodml.comm.transport as T
+
+    kw = {"bind_host": "127.0.0.1"}
+    a, b, c = _group(monkeypatch, [kw, kw, kw])
+    try:
+        sizes = (10, T.ZERO_COPY_MIN_BYTES // 4 + 1000, T.ZERO_COPY_MIN_BYTES_WAIT // 4 + 1000, 200_000)
+        bufs = [np.zeros(n, np.float32) for n in sizes]  # copied / copied or zero-copy / zero-copy x2
+        for step in range(6):
+            for i, x in enumerate(bufs):
+                x[:] = step * 10 + i
+            out = a.prepare("update", step, bufs)
+            assert out.envelope(1.25) == msgpack.packb([1, "update", step, 0, 1.25, [["<f4", [n]] for n in sizes]])
+            wait = step % 2 == 0
+            a.send(out, [(1, 0.0, None), (2, 1.25, None)], wait=wait)
+            if not wait:
+                a.flush(timeout_s=5)
+            for x in bufs:
+                x[:] = -1  # ours again
+        assert not a._in_flight
+        for t, arrival in ((b, 0.0), (c, 1.25)):
+            for step in range(6):
+                msg = t.recv(0, "update", step, timeout_s=5)
+                assert msg.arrival_s == arrival and [x.size for x in msg.arrays] == list(sizes)
+                for i, x in enumerate(msg.arrays):
+                    assert (x == step * 10 + i).all(), (t.rank, step, i)
+    finally:
+        for t in (a, b, c):
+            t.close()
 
 
 def test_address_exchange_times_out_naming_the_missing_rank():

@@ -19,9 +19,10 @@ Messages. A multipart ZeroMQ message: frame 0 is a msgpack envelope
 ``[1, kind, step, src, arrival_s, [[dtype.str, shape], ...]]`` (``arrival_s`` is always a
 float64, so the envelope size does not depend on it), then one frame per array holding its
 raw bytes. Arrays of 64 KiB or more are handed to ZeroMQ without copying (``zmq.Frame`` over
-the array's memory; no ``tobytes()``); smaller ones are copied, which is cheaper than tracking.
-On receipt ``np.frombuffer`` views each frame: the arrays are views of the received frames (no
-copy; each message has its own frames, so they belong to the receiver).
+the array's memory; no ``tobytes()``); smaller ones are copied, which is cheaper than tracking
+(for ``send()``, which waits for the hand-over, below 128 KiB: see Costs). On receipt
+``np.frombuffer`` views each frame: the arrays are views of the received frames (no copy;
+each message has its own frames, so they belong to the receiver).
 
 Ownership. :meth:`PeerTransport.send` returns when ZeroMQ has released the arrays' memory
 (the bytes are in the kernel), so the caller may overwrite its buffers at once, as after
@@ -32,6 +33,23 @@ streaming sender some throughput (see ``python -m geodml.bench transport``), so
 every such message; until then the arrays must not be written. Messages released later by
 the ``--wan real`` pacer are copied first (negligible next to the paced WAN time), so the
 caller's arrays are free at once in that mode.
+
+Costs (2-core VM, loopback, ``python -m geodml.bench transport``: 1 MB messages of two 500 KB
+arrays, ratios to raw pyzmq ``send_multipart(copy=False)`` that does not wait). pyzmq frees a
+zero-copy frame through its garbage-collector thread; the hand-over signal rides on that: the
+last zero-copy array is sent as a fresh view whose weakref callback releases a lock that
+``send`` blocks on (:func:`_release_signal`), much cheaper than a ``zmq.MessageTracker`` (an Event per
+message; with it ``send()`` reached 0.64-0.73x, raw pyzmq itself with ``track=True`` and a wait
+per message ~0.8x). Copying instead of waiting was measured and is slower for large arrays:
+``copy=True`` 0.60-0.68x (libzmq mallocs every frame and the fresh memory page-faults: 35-76
+faults and 230-330 us of sender CPU per 1 MB message, against 17-35 us zero-copy); copying
+into reused, pre-faulted buffers sent without waiting 0.58x (a cache-cold 1 MB memcpy is
+~120 us, more than the wait). For ``send()`` of smaller arrays the fixed cost of the wait
+dominates; ratios copy vs zero-copy, two arrays per message: 64 KiB arrays 0.74x vs 0.48x,
+96 KiB 0.75x vs 0.53x, 128 KiB 0.72x vs 0.66x, 192 KiB 0.63x vs 0.69x, hence
+ZERO_COPY_MIN_BYTES_WAIT = 128 KiB (``wait=False`` pays no wait, so it keeps 64 KiB). The
+frames are sent one ``Socket.send`` each (``send_multipart`` adds Python work per frame) and
+received one ``Socket.recv`` each, following ``Frame.more``.
 
 Receiving. There is no receiver thread: ZeroMQ's own I/O thread already receives in the
 background. :meth:`PeerTransport.recv` returns a queued message if one matches, else
@@ -55,11 +73,11 @@ import itertools
 import math
 import os
 import socket
+import threading
 import time
 import weakref
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import msgpack
 import numpy as np
@@ -68,13 +86,18 @@ import zmq
 from geodml.comm.wan import Pacer
 
 PROTOCOL_VERSION = 1
+_SNDMORE = zmq.SNDMORE
 ZERO_COPY_MIN_BYTES = 65536
 """Arrays at least this large are sent without copying; smaller ones are copied (cheaper)."""
+ZERO_COPY_MIN_BYTES_WAIT = 131072
+"""The same for ``send(wait=True)``, which also waits for ZeroMQ to release the memory: below
+128 KiB copying is cheaper than that wait (measured; see the module docstring)."""
 CLOSE_LINGER_S = 5.0
 """Longest time close() lets queued outgoing messages drain (ZeroMQ linger)."""
 
 _namespace_counter = itertools.count()
 _DTYPES: dict[str, np.dtype] = {}
+_DTYPE_STRS: dict[np.dtype, str] = {}
 
 
 class CommError(RuntimeError):
@@ -126,20 +149,21 @@ def _tcp_endpoint(host: str, port: int | str) -> str:
     return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
-@dataclass
 class Outgoing:
-    """A message ready to send: envelope fields, the arrays' bytes and its size on the wire."""
+    """A message ready to send: envelope fields, the arrays' bytes and its size on the wire.
 
-    kind: str
-    step: int
-    src: int
-    descs: list
-    payloads: list[np.ndarray]
-    """The C-contiguous arrays themselves (ZeroMQ reads their memory; no copy)."""
-    nbytes: int
-    """Envelope + payload bytes: what the ledger charges and the link model carries."""
-    envelope0: bytes = b""
-    """The envelope with arrival_s = 0.0 (same length as any other; reused under --wan off)."""
+    ``payloads``: the C-contiguous arrays themselves (ZeroMQ reads their memory; no copy).
+    ``nbytes``: envelope + payload bytes, what the ledger charges and the link model carries.
+    ``envelope0``: the envelope with arrival_s = 0.0 (same length as any other; reused under
+    ``--wan off``).
+    """
+
+    __slots__ = ("kind", "step", "src", "descs", "payloads", "nbytes", "envelope0")
+
+    def __init__(self, kind: str, step: int, src: int, descs: list, payloads: list[np.ndarray], nbytes: int,
+                 envelope0: bytes = b"") -> None:
+        self.kind, self.step, self.src, self.descs = kind, step, src, descs
+        self.payloads, self.nbytes, self.envelope0 = payloads, nbytes, envelope0
 
     def envelope(self, arrival_s: float) -> bytes:
         if arrival_s == 0.0 and self.envelope0:
@@ -199,7 +223,7 @@ class PeerTransport:
         self._closed = False
         self._pending: dict[tuple[int, str, int], deque[Incoming]] = {}
         self._rcvtimeo_ms = -1
-        self._in_flight: deque[tuple[weakref.ref, Outgoing, list[int]]] = deque()
+        self._in_flight: deque[tuple[tuple, Outgoing, list[int]]] = deque()
         self.addresses = [""] * world_size
         self._ctx = zmq.Context()
         self._pull = self._ctx.socket(zmq.PULL)
@@ -250,6 +274,7 @@ class PeerTransport:
             s.setsockopt(zmq.LINGER, int(min(self.timeout_s, CLOSE_LINGER_S) * 1000))
             s.setsockopt(zmq.SNDTIMEO, timeout_ms)
             s.setsockopt(zmq.IPV6, int(addr.startswith("tcp://[")))
+            s.copy_threshold = ZERO_COPY_MIN_BYTES  # send(copy=False) copies exactly the smaller arrays
             s.connect(addr)
             self._push[r] = s
 
@@ -269,11 +294,17 @@ class PeerTransport:
     def prepare(self, kind: str, step: int, arrays: Sequence[np.ndarray]) -> Outgoing:
         """Describe a message of C-contiguous ``arrays`` (see :func:`as_array`); nothing is copied."""
         payloads = list(arrays)
-        descs = [[a.dtype.str, list(a.shape)] for a in payloads]
-        out = Outgoing(kind=kind, step=step, src=self.rank, descs=descs, payloads=payloads, nbytes=0)
-        out.envelope0 = out.envelope(0.0)
-        out.nbytes = len(out.envelope0) + sum(a.nbytes for a in payloads)
-        return out
+        descs = []
+        nbytes = 0
+        for a in payloads:
+            dt = a.dtype
+            dtype_str = _DTYPE_STRS.get(dt)
+            if dtype_str is None:
+                dtype_str = _DTYPE_STRS[dt] = dt.str
+            descs.append([dtype_str, list(a.shape)])
+            nbytes += a.nbytes
+        envelope0 = msgpack.packb([PROTOCOL_VERSION, kind, step, self.rank, 0.0, descs])
+        return Outgoing(kind, step, self.rank, descs, payloads, len(envelope0) + nbytes, envelope0)
 
     def send(self, out: Outgoing, targets: Sequence[tuple[int, float, float | None]], *, wait: bool = True) -> None:
         """Send ``out`` to every ``(dst, arrival_s, release_at)`` of ``targets``.
@@ -297,49 +328,43 @@ class PeerTransport:
                                                      out.step, out.nbytes))
         if not now_targets:
             return
-        frames, tracker = _frames(out.payloads, track=wait)
+        parts, view = _parts(out.payloads, shared=len(now_targets) > 1, wait=wait)
         for dst, arrival_s in now_targets:
             try:
-                self._push[dst].send_multipart([out.envelope(arrival_s), *frames], copy=False)
+                _send_parts(self._push[dst], out.envelope(arrival_s), parts)
             except zmq.Again:
                 raise CommTimeoutError(
                     f"rank {self.rank}: {self.describe(dst)} did not accept the {out.kind!r} message for step "
                     f"{out.step} within {self.timeout_s:g} s: its queue is full (it is not receiving)") from None
-        # Our Frame objects share the message buffers with ZeroMQ; drop them so that the
-        # tracker completes when ZeroMQ itself is done with the bytes.
-        del frames
-        if tracker is None:
+        if view is None:
             return
+        # Set up the signal now that ZeroMQ's I/O thread is writing (we hold the view, so it
+        # cannot fire early), then drop our references: it fires once ZeroMQ's are gone too.
+        released = _release_signal(view)
+        del parts, view
         if wait:
-            self._wait_released(tracker, out, [d for d, _ in now_targets], time.monotonic() + self.timeout_s)
+            if not released[0].acquire(timeout=self.timeout_s):
+                raise CommTimeoutError(self._not_taken(out, [d for d, _ in now_targets], f"{self.timeout_s:g} s"))
         else:
             # ZeroMQ releases messages in order: drop the finished ones from the front.
-            while self._in_flight and self._in_flight[0][0]() is None:
-                self._in_flight.popleft()
-            self._in_flight.append((tracker, out, [d for d, _ in now_targets]))
+            in_flight = self._in_flight
+            while in_flight and not in_flight[0][0][0].locked():
+                in_flight.popleft()
+            in_flight.append((released, out, [d for d, _ in now_targets]))
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Wait until ZeroMQ has released the arrays of every ``send(wait=False)`` so far."""
         deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
         while self._in_flight:
-            alive, out, dsts = self._in_flight[0]
-            while alive() is not None:  # rare and short: poll rather than pay a tracker per message
-                if time.monotonic() >= deadline:
-                    who = ", ".join(self.describe(d) for d in dsts)
-                    raise CommTimeoutError(
-                        f"rank {self.rank}: the {out.kind!r} message for step {out.step} ({out.nbytes} B) was "
-                        f"not taken by {who} within the flush timeout (peer unreachable or not running)")
-                time.sleep(0.0002)
+            (lock, _), out, dsts = self._in_flight[0]
+            if not lock.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
+                raise CommTimeoutError(self._not_taken(out, dsts, "the flush timeout"))
             self._in_flight.popleft()
 
-    def _wait_released(self, tracker: zmq.MessageTracker, out: Outgoing, dsts: list[int], deadline: float) -> None:
-        try:
-            tracker.wait(max(deadline - time.monotonic(), 0.0))
-        except zmq.NotDone:
-            who = ", ".join(self.describe(d) for d in dsts)
-            raise CommTimeoutError(
-                f"rank {self.rank}: the {out.kind!r} message for step {out.step} ({out.nbytes} B) was not "
-                f"taken by {who} within {self.timeout_s:g} s (peer unreachable or not running)") from None
+    def _not_taken(self, out: Outgoing, dsts: list[int], within: str) -> str:
+        who = ", ".join(self.describe(d) for d in dsts)
+        return (f"rank {self.rank}: the {out.kind!r} message for step {out.step} ({out.nbytes} B) was not taken by "
+                f"{who} within {within} (peer unreachable or not running)")
 
     # ---- receiving -------------------------------------------------------------------
     def recv(self, src: int, kind: str, step: int, timeout_s: float | None = None) -> Incoming:
@@ -401,13 +426,22 @@ class PeerTransport:
         ``timeout_ms`` (0: only if one is already there). With ``want``: return it if it is
         that (src, kind, step), else queue it and return None. Without: queue it and return
         whether one came."""
+        if timeout_ms >= 16:  # round down to 4 significant bits, so that RCVTIMEO rarely changes
+            timeout_ms &= -1 << (timeout_ms.bit_length() - 4)  # (waking early only means one more loop)
         if timeout_ms != self._rcvtimeo_ms:
             self._pull.setsockopt(zmq.RCVTIMEO, timeout_ms)
             self._rcvtimeo_ms = timeout_ms
+        pull = self._pull
         try:
-            frames = self._pull.recv_multipart(copy=False)
+            head = pull.recv(0, False)  # a zmq.Frame, no copy; .more says whether parts follow
         except zmq.Again:
             return None if want is not None else False
+        frames = [head]
+        more = head.more
+        while more:  # the rest of a multipart message is already here (ZeroMQ delivers it whole)
+            f = pull.recv(0, False)
+            frames.append(f)
+            more = f.more
         msg = self._decode(frames)
         key = (msg.src, msg.kind, msg.step)
         if want is not None and key == want:
@@ -417,26 +451,26 @@ class PeerTransport:
 
     def _decode(self, frames: list) -> Incoming:
         try:
-            version, kind, step, src, arrival_s, descs = msgpack.unpackb(frames[0].buffer)
+            version, kind, step, src, arrival_s, descs = msgpack.unpackb(frames[0])
         except Exception as e:
             raise CommError(f"rank {self.rank}: received a message that is not a geodml envelope: {e}") from None
         if version != PROTOCOL_VERSION or not (0 <= src < self.world_size) or len(descs) != len(frames) - 1:
             raise CommError(f"rank {self.rank}: malformed message (version {version}, src {src}, "
                             f"{len(descs)} arrays described, {len(frames) - 1} attached)")
         arrays = []
-        nbytes = len(frames[0].buffer)
-        for (dtype_str, shape), f in zip(descs, frames[1:]):
-            buf = f.buffer
+        nbytes = len(frames[0])
+        for i, (dtype_str, shape) in enumerate(descs, 1):
+            f = frames[i]
             try:
                 dt = _DTYPES.get(dtype_str)
                 if dt is None:
                     dt = _DTYPES[dtype_str] = np.dtype(dtype_str)
-                a = np.frombuffer(buf, dtype=dt)
+                a = np.frombuffer(f, dtype=dt)  # a view of the frame (the array keeps it alive)
             except (TypeError, ValueError):  # unknown dtype, or not a whole number of elements
                 a = None
-            if a is None or a.size != math.prod(shape):
+            if a is None or a.size != (shape[0] if len(shape) == 1 else math.prod(shape)):
                 raise CommError(f"rank {self.rank}: message {kind!r} step {step} from {self.describe(src)} has "
-                                f"{len(buf)} bytes for a {dtype_str}{tuple(shape)} array")
+                                f"{len(f)} bytes for a {dtype_str}{tuple(shape)} array")
             if len(shape) != 1:
                 a = a.reshape(shape)
             if not a.flags.aligned:  # tiny frames live inside the zmq_msg_t and may be unaligned
@@ -491,32 +525,56 @@ class _PacedSend:
             self.frames = []
 
 
-def _frames(payloads: list[np.ndarray], *, track: bool = True) -> tuple[list, object | None]:
-    """ZeroMQ frames for the payloads: zero-copy from ZERO_COPY_MIN_BYTES, else copied.
+def _send_parts(sock: zmq.Socket, envelope: bytes, parts: list[tuple[object, bool]]) -> None:
+    """One message on ``sock``: the envelope, then each ``(part, copy)`` (see :func:`_parts`)."""
+    if not parts:
+        sock.send(envelope)
+        return
+    sock.send(envelope, _SNDMORE)
+    for obj, copy in parts[:-1]:
+        sock.send(obj, _SNDMORE, copy=copy)
+    obj, copy = parts[-1]
+    sock.send(obj, 0, copy=copy)
 
-    Returns the frames and a handle on the last zero-copy frame (None if all were copied):
-    with ``track``, its ``zmq.MessageTracker``; without, a weak reference to a view made for
-    it, which dies when ZeroMQ releases the frame (cheaper: no event per message). ZeroMQ
-    writes the frames of a message in order, to every destination in order, so when the last
-    zero-copy frame is released all earlier ones are too. The caller must drop the frames
-    after sending: a buffer is released only when no Frame object refers to it any more.
+
+def _parts(payloads: list[np.ndarray], *, shared: bool, wait: bool) -> tuple[list[tuple[object, bool]], object]:
+    """What to hand ``Socket.send`` for each payload, ``(object, copy)``, and the array to watch.
+
+    Arrays of ZERO_COPY_MIN_BYTES or more (ZERO_COPY_MIN_BYTES_WAIT or more with ``wait``) go
+    without copying, smaller ones are copied by ``send``. With ``shared`` (several destinations)
+    the zero-copy ``zmq.Frame`` objects are built here once and shared by every destination.
+    The last zero-copy array is sent as a fresh view of itself, returned second (None if every
+    array is copied): pyzmq holds that view until libzmq frees the frame, so it dies exactly
+    when ZeroMQ is done with the memory (see :func:`_release_signal`). ZeroMQ writes the frames
+    of a message in order, to every destination in order, so when the last zero-copy frame is
+    released all earlier ones are too. The caller must drop the parts and the view after
+    sending: the view dies only when nothing refers to it.
     """
-    last_big = max((i for i, p in enumerate(payloads) if p.nbytes >= ZERO_COPY_MIN_BYTES), default=-1)
-    frames = []
-    handle = None
-    for i, p in enumerate(payloads):
-        if p.nbytes < ZERO_COPY_MIN_BYTES:
-            frames.append(zmq.Frame(p, copy=True))
-        elif i != last_big:
-            frames.append(zmq.Frame(p, copy=False))
-        elif track:
-            frames.append(zmq.Frame(p, copy=False, track=True))
-            handle = frames[-1].tracker
-        else:
-            view = p.view()
-            frames.append(zmq.Frame(view, copy=False))
-            handle = weakref.ref(view)
-    return frames, handle
+    min_bytes = ZERO_COPY_MIN_BYTES_WAIT if wait else ZERO_COPY_MIN_BYTES
+    parts = [(p, p.nbytes < min_bytes) for p in payloads]
+    last = len(parts) - 1
+    while last >= 0 and parts[last][1]:
+        last -= 1
+    if last < 0:
+        return parts, None
+    view = payloads[last].view()
+    parts[last] = (view, False)
+    if shared:
+        parts = [(p, True) if copy else (zmq.Frame(p, copy=False), False) for p, copy in parts]
+    return parts, view
+
+
+def _release_signal(view: np.ndarray) -> tuple[threading.Lock, weakref.ref]:
+    """A held lock that is released when ``view`` dies, and the weakref that releases it.
+
+    The weakref's callback runs in pyzmq's garbage-collector thread as it drops the view (the
+    caller must hold the view until this returns). ``lock.acquire(timeout=...)`` is one
+    blocking call, far cheaper than a ``zmq.MessageTracker`` (an Event with its Condition on
+    both sides), and ``not lock.locked()`` polls it.
+    """
+    lock = threading.Lock()
+    lock.acquire()
+    return lock, weakref.ref(view, lambda _ref, release=lock.release: release())
 
 
 def _shutdown(ctx: zmq.Context, pull: zmq.Socket, push: dict, pacer: Pacer | None) -> None:
