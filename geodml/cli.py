@@ -16,7 +16,8 @@ from pathlib import Path
 
 from geodml import __version__
 from geodml.config import (ALGOS, BACKENDS, DATASETS, LR_SCHEDULES, MODELS, NORMS, PARTITIONS, SEARCHES, WAN_MODES,
-                           AlgoConfig, CommConfig, DataConfig, ModelConfig, OptimConfig, RunConfig, SkewScoutConfig)
+                           AlgoConfig, CommConfig, DataConfig, ModelConfig, OptimConfig, ReliabilityConfig, RunConfig,
+                           SkewScoutConfig)
 
 
 class UsageError(ValueError):
@@ -58,9 +59,11 @@ FIELD_OF: dict[str, tuple[str | None, str]] = {
     "backend": (None, "backend"), "threads": (None, "threads"), "progress": (None, "progress"),
     "metrics_port": (None, "metrics_port"), "metrics_host": (None, "metrics_host"),
     "metrics_linger": (None, "metrics_linger_s"),
+    "checkpoint_every": ("reliability", "checkpoint_every"), "resume": ("reliability", "resume"),
+    "peer_timeout_s": ("reliability", "peer_timeout_s"),
 }
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "optim": OptimConfig, "algo": AlgoConfig, "comm": CommConfig,
-            "skewscout": SkewScoutConfig}
+            "skewscout": SkewScoutConfig, "reliability": ReliabilityConfig}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,6 +136,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "writes <out>/prometheus_targets.json (default 0: off)")
     g.add_argument("--metrics-host", metavar="HOST", help="address the exporters listen on (default 127.0.0.1; 0.0.0.0 for other hosts)")
     g.add_argument("--metrics-linger", type=float, metavar="S", help="seconds the exporters stay up after the run (default 10)")
+    g = p.add_argument_group("reliability (docs/reliability.md)")
+    g.add_argument("--checkpoint-every", type=int, metavar="N", help="write every rank's full state to "
+                   "<out>/rank<k>/ckpt-<step>.pt every N steps (default 0: never)")
+    g.add_argument("--resume", action="store_true", help="continue from the newest step every rank has a checkpoint "
+                   "of in --out (fresh start when none; implied after a torchrun --max-restarts restart)")
+    g.add_argument("--peer-timeout-s", type=float, metavar="S", help="a rank silent this long is declared lost and "
+                   "every other rank exits non-zero naming it (default 30)")
     return p
 
 

@@ -231,6 +231,28 @@ class CommConfig:
 
 
 @dataclass(kw_only=True)
+class ReliabilityConfig:
+    """Checkpoints, resume and peer-failure detection (docs/reliability.md)."""
+
+    checkpoint_every: int = 0
+    """Write every rank's full state to <out>/rank<k>/ckpt-<step>.pt every this many steps (0: never)."""
+    resume: bool = False
+    """Continue from the newest step every rank has a checkpoint of (start fresh when there is none);
+    implied under torchrun after a restart (TORCHELASTIC_RESTART_COUNT > 0)."""
+    peer_timeout_s: float = 30.0
+    """A rank whose heartbeat (through the torch.distributed store) stops this long is declared lost:
+    every other rank exits non-zero naming it."""
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.checkpoint_every, int) and not isinstance(self.checkpoint_every, bool)
+               and self.checkpoint_every >= 0,
+               f"--checkpoint-every must be an integer >= 0 steps (0 = no checkpoints), got {self.checkpoint_every!r}")
+        _check(isinstance(self.resume, bool), f"--resume is a switch (true/false), got {self.resume!r}")
+        _check(_finite(self.peer_timeout_s) and self.peer_timeout_s > 0,
+               f"--peer-timeout-s must be > 0 seconds, got {self.peer_timeout_s!r}")
+
+
+@dataclass(kw_only=True)
 class RunConfig:
     """Everything one run needs; identical on every rank."""
 
@@ -240,6 +262,7 @@ class RunConfig:
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     comm: CommConfig = field(default_factory=CommConfig)
     skewscout: SkewScoutConfig = field(default_factory=SkewScoutConfig)
+    reliability: ReliabilityConfig = field(default_factory=ReliabilityConfig)
     seed: int = 0
     """Seed of every generator (partitioning, init, minibatch order)."""
     eval_every: int = 100
