@@ -40,6 +40,7 @@ def _float_list(text: str) -> tuple[float, ...]:
 FIELD_OF: dict[str, tuple[str | None, str]] = {
     "dataset": ("data", "dataset"), "data_dir": ("data", "data_dir"), "partition": ("data", "partition"),
     "skew": ("data", "skew"), "alpha": ("data", "alpha"), "shards_per_partition": ("data", "shards_per_partition"),
+    "data_cache": ("data", "cache"),
     "model": ("model", "model"), "norm": ("model", "norm"),
     "epochs": ("optim", "epochs"), "steps": ("optim", "steps"), "batch_size": ("optim", "batch_size"), "lr": ("optim", "lr"),
     "lr_schedule": ("optim", "lr_schedule"), "lr_milestones": ("optim", "lr_milestones"),
@@ -105,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--alpha", type=float, help="--partition dirichlet: concentration (default 0.5)")
     g.add_argument("--shards-per-partition", type=int, help="--partition shards: shards per partition (default 2)")
     g = p.add_argument_group("model")
+    g.add_argument("--data-cache", metavar="DIR", help="decoded dataset shared by the ranks (decode once, map K times): "
+                   "auto ($GEODML_DATA_CACHE or ~/.cache/geodml/datasets), off, or DIR (default auto)")
     g.add_argument("--model", choices=MODELS, help="network (default lenet)")
     g.add_argument("--norm", choices=NORMS, help="normalization: none, batch (BN), group (GN, group size 2) (default none)")
     g = p.add_argument_group("optimization")

@@ -47,8 +47,12 @@ class DataConfig:
     """For --partition dirichlet: concentration alpha of Dir(alpha * p)."""
     shards_per_partition: int = 2
     """For --partition shards: shards of sorted labels per partition (McMahan et al.: 2)."""
+    cache: str = "auto"
+    """Decoded-dataset cache shared by the ranks: auto ($GEODML_DATA_CACHE or ~/.cache/geodml/datasets), off, or a directory."""
 
     def __post_init__(self) -> None:
+        _check(isinstance(self.cache, str) and self.cache.strip() != "",
+               f"--data-cache must be auto, off or a directory, got {self.cache!r}")
         _check(self.dataset in DATASETS, f"--dataset: unknown dataset {self.dataset!r}; choose one of {', '.join(DATASETS)}")
         _check(self.partition in PARTITIONS, f"--partition: unknown partitioner {self.partition!r}; choose one of {', '.join(PARTITIONS)}")
         _check(_finite(self.skew) and 0.0 <= self.skew <= 1.0, f"--skew must be a fraction in [0, 1], got {self.skew!r}")

@@ -53,6 +53,30 @@ def _write_json(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
+class _Startup:
+    """Per-rank start-up breakdown in seconds: process start -> run() (interpreter, imports, flag
+    parsing: ``imports_s``), process group + run directory, ZeroMQ mesh, data (load + partition),
+    model/algorithm/trainer set-up; plus this process's peak RSS when the report is written."""
+
+    def __init__(self) -> None:
+        import psutil
+        self.laps: dict[str, float] = {"imports_s": max(0.0, time.time() - psutil.Process().create_time())}
+        self._t = time.monotonic()
+
+    def lap(self, name: str) -> None:
+        now = time.monotonic()
+        self.laps[name] = now - self._t
+        self._t = now
+
+    def done(self) -> None:
+        self.laps["total_s"] = sum(v for k, v in self.laps.items() if k != "total_s")
+
+    def report(self, **extra) -> dict:
+        import resource
+        peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+        return {**extra, **{k: round(v, 4) for k, v in self.laps.items()}, "peak_rss_bytes": int(peak_kib) * 1024}
+
+
 def _save_torch(path: Path, obj) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     torch.save(obj, tmp)
@@ -63,7 +87,7 @@ def run(cfg: RunConfig, env: Env) -> dict | None:
     """Train one partition per process; returns the summary on rank 0 (None elsewhere)."""
     from geodml.algorithms import AlgoContext, FlatParams, build_algorithm
     from geodml.comm import build_comm
-    from geodml.data.datasets import load_dataset
+    from geodml.data.datasets import load_dataset, resolve_cache_dir
     from geodml.data.partition import format_partition_table, make_partitioner, partition_report
     from geodml.metrics.sinks import ConsoleProgress, JsonlSink, MultiSink, Sink
     from geodml.models import build_model, count_parameters
@@ -72,6 +96,7 @@ def run(cfg: RunConfig, env: Env) -> dict | None:
     from geodml.trainer import Trainer, steps_per_epoch
 
     wall_t0 = time.monotonic()
+    startup = _Startup()  # per-rank start-up breakdown -> rank<k>/startup.json (docs/launch.md)
     torch.set_num_threads(cfg.threads)
     backend = resolve_backend(cfg.backend)
     rank, world = env.rank, env.world_size
@@ -83,7 +108,9 @@ def run(cfg: RunConfig, env: Env) -> dict | None:
         device = init_process_group(env, backend, cfg.comm.timeout_s)
         seed_everything(cfg.seed, rank)
         out = agree_on_out_dir(env, cfg.out, cfg.algo.algo)
+        startup.lap("process_group_s")
         comm = build_comm(cfg.comm, rank=rank, world_size=world)
+        startup.lap("zmq_mesh_s")
         if cfg.metrics_port:  # every rank's exporter; rank 0 writes the Prometheus file_sd targets
             from geodml.metrics.prometheus import file_sd_groups, start_rank_exporter
             exporter, targets = start_rank_exporter(comm, rank=rank, local_rank=env.local_rank, base_port=cfg.metrics_port,
@@ -96,10 +123,12 @@ def run(cfg: RunConfig, env: Env) -> dict | None:
                       flush=True)
 
         # Data: every rank computes ALL partitions from the seed and keeps its own.
-        ds = load_dataset(cfg.data.dataset, cfg.data.data_dir, seed=cfg.seed)
+        ds = load_dataset(cfg.data.dataset, cfg.data.data_dir, seed=cfg.seed,
+                          cache_dir=resolve_cache_dir(cfg.data.cache))  # decoded once per machine, mapped by all
         labels = ds.train_y.numpy()
         parts = make_partitioner(cfg.data).split(labels, world, np.random.default_rng([cfg.seed, 0xDA7A]))
         report = partition_report(labels, parts, ds.num_classes)
+        startup.lap("data_s")
 
         model = build_model(cfg.model.model, cfg.model.norm, ds.input_shape, ds.num_classes,
                             generator_seed=cfg.seed).to(device)
@@ -145,6 +174,8 @@ def run(cfg: RunConfig, env: Env) -> dict | None:
         if exporter is not None:  # read at scrape time, nothing per step
             exporter.watch(state=trainer.state, algo=algo, accuracy_loss=None if skewscout is None else
                            (lambda: float(skewscout.msg[0]) if skewscout.rounds else None))
+        startup.lap("model_s")
+        startup.done()
         result = trainer.run()
         sink.close()
 
@@ -153,6 +184,7 @@ def run(cfg: RunConfig, env: Env) -> dict | None:
         rows = [r for rank_rows in comm.meta_all_gather_object(comm.ledger.rows()) for r in rank_rows]
         emulated = max(comm.meta_all_gather_object(float(getattr(comm, "emulated_s", 0.0))))
         _save_torch(out / f"rank{rank}" / "model.pt", {k: v.detach().cpu() for k, v in model.state_dict().items()})
+        _write_json(out / f"rank{rank}" / "startup.json", startup.report(rank=rank, local_rank=env.local_rank))
         if not is0:
             return None
         from geodml.comm.ledger import Ledger
