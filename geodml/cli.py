@@ -53,6 +53,7 @@ FIELD_OF: dict[str, tuple[str | None, str]] = {
     "fedir": ("algo", "fedir"), "virtual_client_size": ("algo", "virtual_client_size"), "iwds": ("algo", "iwds"),
     "topology": ("comm", "topology"), "wan": ("comm", "wan"), "wan_scale": ("comm", "wan_scale"),
     "bind_host": ("comm", "bind_host"), "comm_timeout": ("comm", "timeout_s"),
+    "wire_auth": ("comm", "wire_auth"), "max_message_mb": ("comm", "max_message_mb"),
     "skewscout": ("skewscout", "enabled"), "travel_every": ("skewscout", "travel_every"),
     "travel_samples": ("skewscout", "travel_samples"), "lambda_al": ("skewscout", "lambda_al"),
     "lambda_c": ("skewscout", "lambda_c"), "sigma_al": ("skewscout", "sigma_al"), "skewscout_search": ("skewscout", "search"),
@@ -126,6 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--wan-scale", type=float, help="multiply every link bandwidth (default 1)")
     g.add_argument("--bind-host", help="address for this node's ZeroMQ socket (default: loopback single-node, hostname multi-node)")
     g.add_argument("--comm-timeout", type=float, help="seconds to wait for a peer before failing (default 60)")
+    g.add_argument("--wire-auth", choices=("on", "off"), help="authenticate every ZeroMQ message with the run's secret (default on)")
+    g.add_argument("--max-message-mb", type=float, help="largest ZeroMQ message a rank sends or accepts, MiB (default 512)")
     g = p.add_argument_group("run")
     g.add_argument("--seed", type=int, help="seed of every generator (default 0)")
     g.add_argument("--eval-every", type=int, help="validate the global model every N steps (default 100)")

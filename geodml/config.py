@@ -227,9 +227,16 @@ class CommConfig:
     """Address the ZeroMQ socket binds and advertises; default: this node's address towards MASTER_ADDR (127.0.0.1 on one machine); * or 0.0.0.0 binds all interfaces."""
     timeout_s: float = 60.0
     """How long any wait on a peer may take before the run fails naming that peer."""
+    wire_auth: str = "on"
+    """on: every ZeroMQ message carries a MAC under a per-run secret (docs/reliability.md); off: no MAC (trusted networks)."""
+    max_message_mb: float = 512.0
+    """Largest ZeroMQ message (MiB) a rank sends or accepts; larger incoming ones are dropped and counted."""
 
     def __post_init__(self) -> None:
         _check(self.wan in WAN_MODES, f"--wan: choose one of {', '.join(WAN_MODES)}, got {self.wan!r}")
+        _check(self.wire_auth in ("on", "off"), f"--wire-auth: choose on or off, got {self.wire_auth!r}")
+        _check(_finite(self.max_message_mb) and 1 / 1024 <= self.max_message_mb <= 1 << 20,
+               f"--max-message-mb must be between 0.001 (1 KiB) and 1048576 MiB, got {self.max_message_mb!r}")
         _check(_finite(self.wan_scale) and self.wan_scale > 0, f"--wan-scale must be > 0, got {self.wan_scale!r}")
         _check(_finite(self.timeout_s) and self.timeout_s > 0, f"--comm-timeout must be > 0 seconds, got {self.timeout_s!r}")
 

@@ -43,7 +43,8 @@ def build_comm(cfg: CommConfig, *, rank: int, world_size: int) -> Comm:
             raise RuntimeError("build_comm needs the default torch.distributed process group; initialise it first")
         store = dist.distributed_c10d._get_default_store()
         transport = PeerTransport(rank=rank, world_size=world_size, store=store, bind_host=cfg.bind_host,
-                                  timeout_s=cfg.timeout_s, region_of_rank=regions, paced=cfg.wan == "real")
+                                  timeout_s=cfg.timeout_s, region_of_rank=regions, paced=cfg.wan == "real",
+                                  wire_auth=cfg.wire_auth, max_message_bytes=int(cfg.max_message_mb * 1024 * 1024))
     try:
         return Comm(rank=rank, world_size=world_size, region_of_rank=regions, topology=topology, wan=cfg.wan,
                     wan_scale=cfg.wan_scale, transport=transport, timeout_s=cfg.timeout_s)

@@ -276,6 +276,11 @@ class Comm:
             self._clock.receive(max(m.arrival_s for m in msgs.values()))
         return {s: msgs[s].arrays for s in others}
 
+    def wire_rejected(self) -> dict[str, int]:
+        """Received ZeroMQ messages this rank dropped, by reason (geodml.comm.transport.REJECT_REASONS);
+        empty without a peer transport. Read by the Prometheus exporter from its own thread."""
+        return dict(self._transport.rejected) if self._transport is not None else {}
+
     # ---- uncharged bookkeeping -----------------------------------------------------------
     def meta_all_reduce(self, tensor: torch.Tensor) -> None:
         """Sum over ranks for the emulator's own bookkeeping (never charged)."""

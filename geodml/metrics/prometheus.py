@@ -11,6 +11,7 @@ step: a custom collector reads the live sources when Prometheus scrapes --
 * SkewScout's accuracy loss as this rank measured it (when SkewScout runs),
 * the last validation accuracy of the global model (every rank logs it: the trainer's
   evaluation is collective), received through the ordinary :class:`Sink` interface,
+* the ZeroMQ messages this rank dropped, by reason (``Comm.wire_rejected``; wire security),
 * process CPU seconds and resident memory (psutil), GPU memory when the rank uses CUDA.
 
 Metric names and their labels are :data:`METRICS` (one table; the Grafana dashboard test checks
@@ -67,6 +68,9 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "geodml_skewscout_theta": (
         "gauge", COMMON_LABELS + ("param",), "The algorithm's communication knob (SkewScout's theta); "
         "param names it (t0, iter_local, e_warm)."),
+    "geodml_wire_rejected_messages_total": (
+        "counter", COMMON_LABELS + ("reason",), "ZeroMQ messages this rank received and dropped unapplied, by reason "
+        "(oversized, malformed, unauthenticated, wrong_type, unknown_peer, replayed; docs/reliability.md)."),
     "geodml_process_cpu_seconds_total": ("counter", COMMON_LABELS, "User plus system CPU seconds of this rank's process."),
     "geodml_process_resident_memory_bytes": ("gauge", COMMON_LABELS, "Resident set size of this rank's process."),
     "geodml_gpu_memory_allocated_bytes": (
@@ -119,6 +123,8 @@ class _Collector:
                 fams[name].add_metric(common + (extra or []), float(value))
 
         put("geodml_emulated_time_seconds", x._read(x.emulated_s))
+        for reason, count in (x._read(x.wire_rejected, {}) or {}).items():
+            put("geodml_wire_rejected_messages_total", count, [reason])
         state = x.state
         put("geodml_steps_total", getattr(state, "step", 0) if state is not None else 0)
         if state is not None:
@@ -165,12 +171,14 @@ class RankExporter(Sink):
     """
 
     def __init__(self, *, labels: dict[str, str], ledger_rows: Callable[[], list[dict]] | None = None,
-                 emulated_s: Callable[[], float] | None = None, device: Any = None) -> None:
+                 emulated_s: Callable[[], float] | None = None, device: Any = None,
+                 wire_rejected: Callable[[], dict[str, int]] | None = None) -> None:
         missing = [k for k in COMMON_LABELS if k not in labels]
         assert not missing, f"exporter labels lack {missing}"
         self.labels = {k: str(v) for k, v in labels.items()}
         self.ledger_rows = ledger_rows
         self.emulated_s = emulated_s
+        self.wire_rejected = wire_rejected  # reason -> dropped ZeroMQ messages (Comm.wire_rejected)
         self.device = device
         self.state: Any = None
         self.algo: Any = None
@@ -293,7 +301,8 @@ def start_rank_exporter(comm: Any, *, rank: int, local_rank: int, base_port: int
     """
     region = comm.region_of_rank[rank]
     exporter = RankExporter(labels={"rank": rank, "region": region, "algo": algo, "run": run},
-                            ledger_rows=comm.ledger.rows, emulated_s=lambda: float(comm.emulated_s), device=device)
+                            ledger_rows=comm.ledger.rows, emulated_s=lambda: float(comm.emulated_s), device=device,
+                            wire_rejected=getattr(comm, "wire_rejected", None))
     port = base_port + local_rank
     error = None
     try:
