@@ -44,6 +44,8 @@ def check_before_start(cfg: RunConfig, env: Env) -> None:
             raise ValueError(f"--out {out} exists and is not a directory")
         if (out / "summary.json").exists():
             raise ValueError(f"--out {out} already holds a finished run (summary.json); choose another --out or remove it")
+    from geodml.checkpoint import check_before_start as check_checkpoints
+    check_checkpoints(cfg, env.world_size)  # --resume/--checkpoint-every flags and checkpoint files
 
 
 def _write_json(path: Path, obj) -> None:
@@ -103,11 +105,15 @@ def run(cfg: RunConfig, env: Env) -> dict | None:
     is0 = rank == 0
     comm = None
     exporter = None
+    watch = None  # peer-failure heartbeats (geodml.peerwatch)
     sink: Sink = Sink()
     try:
         device = init_process_group(env, backend, cfg.comm.timeout_s)
         seed_everything(cfg.seed, rank)
         out = agree_on_out_dir(env, cfg.out, cfg.algo.algo)
+        if world > 1 and env.under_torchrun:
+            from geodml.peerwatch import PeerWatch
+            watch = PeerWatch(rank=rank, world_size=world, timeout_s=cfg.reliability.peer_timeout_s).start()
         startup.lap("process_group_s")
         comm = build_comm(cfg.comm, rank=rank, world_size=world)
         startup.lap("zmq_mesh_s")
@@ -138,6 +144,13 @@ def run(cfg: RunConfig, env: Env) -> dict | None:
         ctx = AlgoContext(rank=rank, world_size=world, seed=cfg.seed, steps_per_epoch=spe, total_steps=total_steps,
                           batch_size=cfg.optim.batch_size, label_counts=np.asarray(report["label_counts"], dtype=np.int64))
         algo = build_algorithm(cfg, flat=flat, comm=comm, ctx=ctx)
+        from geodml.checkpoint import Checkpointer, find_resume_step, fingerprint, resume_requested, truncate_metrics
+        fp = fingerprint(cfg, world)
+        resume_step = find_resume_step(out, world, fp) if resume_requested(cfg) else None
+        if len(set(comm.meta_all_gather_object(resume_step))) != 1:
+            raise RuntimeError("ranks disagree on the checkpoint step to resume from (is --out on a shared file system?)")
+        if is0 and resume_requested(cfg):  # the lines after the checkpoint are written again
+            truncate_metrics(out / "metrics.jsonl", resume_step or 0)
 
         if is0:
             (out / f"rank{rank}").mkdir(parents=True, exist_ok=True)
@@ -168,9 +181,18 @@ def run(cfg: RunConfig, env: Env) -> dict | None:
                                   model_bytes=flat.numel * flat.data.element_size(), seed=cfg.seed)
         if exporter is not None:
             sink = MultiSink([sink, exporter])  # every rank: the exporter keeps the last validation accuracy
+        from geodml.peerwatch import fault_hook_from_env
+        checkpointer = Checkpointer(out, rank=rank, world_size=world, every_steps=cfg.reliability.checkpoint_every,
+                                    fp=fp, skewscout=skewscout)
+        step_hooks = [h for h in (checkpointer, fault_hook_from_env(rank)) if h is not None]
         trainer = Trainer(rank=rank, world_size=world, model=model, flat=flat, algo=algo, comm=comm, optim=cfg.optim,
                           train_x=train_x, train_y=train_y, test_x=ds.test_x.to(device), test_y=ds.test_y.to(device), local_indices=parts[rank], seed=cfg.seed, total_steps=total_steps,
-                          spe=spe, eval_every=cfg.eval_every, log_every=cfg.log_every, sink=sink, skewscout=skewscout)
+                          spe=spe, eval_every=cfg.eval_every, log_every=cfg.log_every, sink=sink, skewscout=skewscout,
+                          step_hooks=step_hooks)
+        if resume_step is not None:
+            checkpointer.restore(trainer, resume_step)
+            if is0:
+                print(f"resumed from step {resume_step} (checkpoints in {out}/rank<k>/)", flush=True)
         if exporter is not None:  # read at scrape time, nothing per step
             exporter.watch(state=trainer.state, algo=algo, accuracy_loss=None if skewscout is None else
                            (lambda: float(skewscout.msg[0]) if skewscout.rounds else None))
@@ -221,6 +243,15 @@ def run(cfg: RunConfig, env: Env) -> dict | None:
               f"run directory: {out}", flush=True)
         return summary
     finally:
+        if watch is not None:  # a peer's death surfaces here as a comm error: let the watch name it
+            failure = sys.exc_info()[1]
+            if failure is not None:
+                from geodml.peerwatch import looks_like_peer_loss
+                if looks_like_peer_loss(failure):
+                    watch.await_verdict()
+                else:
+                    watch.mark_failed()
+            watch.stop(done=failure is None)
         sink.close()
         if exporter is not None:
             if sys.exc_info()[0] is None and cfg.metrics_linger_s > 0:  # linger only after a successful run

@@ -112,7 +112,7 @@ class Trainer:
     def __init__(self, *, rank: int, world_size: int, model: nn.Module, flat: FlatParams, algo: Algorithm, comm: Any,
                  optim: OptimConfig, train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor,
                  test_y: torch.Tensor, local_indices: np.ndarray, seed: int, total_steps: int, spe: int,
-                 eval_every: int, log_every: int, sink: Sink, skewscout: Any = None) -> None:
+                 eval_every: int, log_every: int, sink: Sink, skewscout: Any = None, step_hooks: tuple = ()) -> None:
         self.rank, self.world_size = rank, world_size
         self.model, self.flat, self.algo, self.comm, self.optim = model, flat, algo, comm, optim
         self.train_x, self.train_y, self.test_x, self.test_y = train_x, train_y, test_x, test_y
@@ -121,6 +121,7 @@ class Trainer:
         self.eval_every, self.log_every = eval_every, log_every
         self.sink = sink
         self.skewscout = skewscout
+        self.step_hooks = tuple(step_hooks)  # called with the trainer after each step's logging (checkpoints, fault tests)
         self.state = TrainState()
         device = flat.data.device
         # Preallocated minibatch buffers (no per-step tensor churn).
@@ -180,6 +181,8 @@ class Trainer:
                 do_eval = s.step % self.eval_every == 0
                 if do_eval or s.step % self.log_every == 0:
                     self._log(lr, with_eval=do_eval)
+            for hook in self.step_hooks:
+                hook(self)
         self.algo.finish()
         return self._finish(lr)
 

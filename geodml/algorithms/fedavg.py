@@ -353,7 +353,7 @@ class FedAvg(Algorithm):
     def state_dict(self) -> dict[str, Any]:
         return {"u": self.u.clone(), "global_w": self.global_w.clone(), "round": self.round,
                 "steps_in_round": self.steps_in_round, "iter_local": self.iter_local,
-                "holders": sorted(self.holders), "syncs": self.syncs}
+                "holders": sorted(self.holders), "syncs": self.syncs, "pending_theta": self._pending_theta}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.u.copy_(state["u"])
@@ -365,6 +365,7 @@ class FedAvg(Algorithm):
         self.round_len = self.round_length()
         self.selected = self.select_partitions(self.round)
         self.steps_in_round = int(state["steps_in_round"])
+        self._pending_theta = state.get("pending_theta")
         self.on_round_start()
 
 

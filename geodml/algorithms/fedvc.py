@@ -27,6 +27,7 @@ import math
 from typing import Any
 
 import numpy as np
+import torch
 
 from geodml.algorithms.fedavg import FedAvg, num_participants
 
@@ -126,6 +127,20 @@ class FedVC(FedAvg):
 
     def apply_theta(self, value: float) -> None:
         self._set_size(int(value))
+
+    # ---- checkpoint --------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Adds N_VC (SkewScout may have changed it) and the current round's draw (a resume mid-round
+        continues the same examples)."""
+        return {**super().state_dict(), "virtual_client_size": self.virtual_client_size, "vc_idx": torch.from_numpy(self.vc_idx.copy()),
+                "drawn_last_round": self.drawn_last_round, "with_replacement": self.with_replacement}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._set_size(int(state["virtual_client_size"]))   # before FedAvg's: round_length() reads it
+        super().load_state_dict(state)
+        self.vc_idx[:] = np.asarray(state["vc_idx"])
+        self.drawn_last_round = int(state["drawn_last_round"])
+        self.with_replacement = bool(state["with_replacement"])
 
     def stats(self) -> dict[str, float]:
         return {**super().stats(), "fedvc_examples_per_round": float(self.drawn_last_round),

@@ -300,6 +300,14 @@ class Comm:
         dist.all_gather_object(out, obj)
         return out
 
+    def state_dict(self) -> dict:
+        """Ledger totals and the emulated clock (for checkpoints; ``--wan real`` wall pacing restarts fresh)."""
+        return {"ledger": self.ledger.state_dict(), "clock": self._clock.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.ledger.load_state_dict(state["ledger"])
+        self._clock.load_state_dict(state["clock"])
+
     def close(self) -> None:
         """Release sockets and threads (idempotent)."""
         if self._closed:

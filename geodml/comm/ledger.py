@@ -44,6 +44,20 @@ class Ledger:
         t.messages += int(messages)
         t.emulated_s += float(emulated_s)
 
+    # ---- checkpoint ----------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """This rank's totals so far (a resumed run continues them: nothing lost, nothing counted twice)."""
+        return {"region_of_rank": list(self.region_of_rank), "rows": self.rows()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if list(state["region_of_rank"]) != self.region_of_rank:
+            raise ValueError(f"checkpoint ledger places ranks in regions {state['region_of_rank']}, this run in "
+                             f"{self.region_of_rank}; resume with the same --topology")
+        self.links.clear()
+        for r in state["rows"]:
+            self.links[(r["src_region"], r["dst_region"], r["kind"])] = LinkTotals(
+                int(r["bytes"]), int(r["messages"]), float(r["emulated_s"]))
+
     # ---- totals ------------------------------------------------------------------------
     def rows(self) -> list[dict]:
         """This rank's totals, one dict per (src_region, dst_region, kind) (picklable, JSON-ready)."""

@@ -427,6 +427,19 @@ class EmulatedClock:
         """Leave a collective that every rank entered by ``start_s`` and that took ``duration_s``."""
         self.now_s = max(self.now_s, start_s) + duration_s
 
+    def state_dict(self) -> dict:
+        """Emulated time and each outgoing link's FIFO state (for checkpoints)."""
+        return {"now_s": self.now_s,
+                "buckets": [None if b is None else (b._level, b._t) for b in self._buckets]}
+
+    def load_state_dict(self, state: dict) -> None:
+        if len(state["buckets"]) != len(self._buckets):
+            raise ValueError(f"checkpoint clock has {len(state['buckets'])} links, this run {len(self._buckets)}")
+        self.now_s = float(state["now_s"])
+        for b, saved in zip(self._buckets, state["buckets"]):
+            if b is not None and saved is not None:
+                b._level, b._t = float(saved[0]), None if saved[1] is None else float(saved[1])
+
 
 class Pacer:
     """A thread that runs callables at given ``time.monotonic()`` instants (``--wan real``).

@@ -1,0 +1,185 @@
+"""Peer failure: heartbeats through the torch.distributed store (issue 10 item 2; docs/reliability.md).
+
+A rank that dies without restarts (SIGKILL, ``os._exit``, a lost node) leaves the others
+blocked in a gloo collective or a ZeroMQ receive. ``PeerWatch`` bounds that: every rank runs
+one daemon thread that, every ``interval_s = min(1, timeout_s / 4)`` seconds, increments its
+own counter ``geodml/peerwatch/<restart>/hb/<rank>`` in the store and reads everyone else's
+(``store.add(key, 0)`` never blocks). A peer whose counter has not moved for ``timeout_s``
+(``--peer-timeout-s``), and that has not said it finished, is *lost*: the watching rank prints
+``geodml: error: rank K lost: ...`` and leaves with :data:`PEER_LOST_EXIT` through
+``os._exit`` -- the main thread may be stuck inside a C++ collective that no Python exception
+can interrupt. A peer that fails with an exception marks itself ``failed`` and the others exit
+at their next check, naming it. If the store itself stops answering (it lives in rank 0's
+process when there is no torchrun agent), the silence counts from the last good read and
+the verdict names rank 0 (or the store's address under a torchrun agent store).
+
+So every surviving rank exits non-zero within ``timeout_s + interval_s`` (plus one store
+round trip) of the death; with torchrun the agent usually stops them even sooner. The key
+carries ``TORCHELASTIC_RESTART_COUNT`` because a torchrun agent's store outlives restarts.
+
+``fault_hook_from_env`` is the test hook: ``GEODML_FAULT="rank=1,step=7,how=kill"`` makes rank
+1 kill itself (SIGKILL; ``how=exit``: ``os._exit(17)``) after step 7 of the first attempt
+(``restart=N`` for another one).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+PEER_LOST_EXIT = 3
+"""Exit status of a rank that stops because a peer was lost."""
+FAULT_EXIT = 17
+
+# Words of the errors a collective or receive raises when its peer is gone (gloo, ZeroMQ, store).
+_COMM_WORDS = ("connection", "closed", "reset", "broken pipe", "peer", "gloo", "timed out", "timeout", "socket",
+               "store", "did not", "no message")
+
+
+def looks_like_peer_loss(exc: BaseException) -> bool:
+    """True for errors that a dead peer causes (so the rank waits for the watch to name it)."""
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return True
+    name = type(exc).__name__
+    if name in ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError", "CommError", "CommTimeoutError"):
+        return True
+    return isinstance(exc, RuntimeError) and any(w in str(exc).lower() for w in _COMM_WORDS)
+
+
+def _connect_store(timeout_s: float):
+    """A store client of its own for the watch thread (MASTER_ADDR/MASTER_PORT, as env:// init uses)."""
+    import torch.distributed as dist
+
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    return dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=max(timeout_s, 1.0)),
+                         wait_for_workers=False), f"{host}:{port}"
+
+
+class PeerWatch:
+    """Heartbeat thread of one rank (see the module docstring). ``start()``, then ``stop(done=True)``
+    after a successful run (peers then ignore this rank's silence) or ``mark_failed()`` first."""
+
+    def __init__(self, *, rank: int, world_size: int, timeout_s: float, store: Any = None,
+                 store_name: str = "the torch.distributed store", store_on_rank0: bool = True,
+                 on_lost: Callable[[str], None] | None = None) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.timeout_s = float(timeout_s)
+        self.interval_s = min(1.0, self.timeout_s / 4)
+        if store is None:
+            store, store_name = _connect_store(self.interval_s * 2)
+            store_on_rank0 = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true"
+        self.store, self.store_name, self.store_on_rank0 = store, store_name, store_on_rank0
+        self.ns = f"geodml/peerwatch/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        self.on_lost = on_lost or _exit_lost
+        self.verdict: str | None = None
+        self._stop = threading.Event()
+        self._decided = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name=f"geodml-peerwatch-{rank}", daemon=True)
+
+    def start(self) -> "PeerWatch":
+        self.store.add(f"{self.ns}/hb/{self.rank}", 1)
+        self._thread.start()
+        return self
+
+    def _key(self, what: str, r: int) -> str:
+        return f"{self.ns}/{what}/{r}"
+
+    def _loop(self) -> None:
+        peers = [r for r in range(self.world_size) if r != self.rank]
+        t0 = time.monotonic()
+        last = {r: -1 for r in peers}
+        changed = {r: t0 for r in peers}
+        last_good = t0
+        while not self._stop.wait(self.interval_s):
+            now = time.monotonic()
+            try:
+                self.store.add(self._key("hb", self.rank), 1)
+                verdict = None
+                for r in peers:
+                    if self.store.add(self._key("failed", r), 0):
+                        verdict = f"rank {r} lost: it failed and stopped"
+                        break
+                    if self.store.add(self._key("done", r), 0):
+                        changed[r] = now
+                        continue
+                    v = self.store.add(self._key("hb", r), 0)
+                    if v != last[r]:
+                        last[r], changed[r] = v, now
+                    elif now - changed[r] > self.timeout_s:
+                        verdict = (f"rank {r} lost: no heartbeat for {now - changed[r]:.1f} s "
+                                   f"(--peer-timeout-s {self.timeout_s:g})")
+                        break
+                last_good = now
+            except Exception as exc:  # noqa: BLE001 -- the store's own error types vary
+                verdict = None
+                if now - last_good > self.timeout_s:
+                    who = "rank 0" if self.store_on_rank0 else f"the torch.distributed store at {self.store_name}"
+                    verdict = (f"{who} lost: the store stopped answering for {now - last_good:.1f} s "
+                               f"(--peer-timeout-s {self.timeout_s:g}; {type(exc).__name__})")
+            if verdict is not None:
+                with self._lock:
+                    if self._stop.is_set():
+                        return
+                    self.verdict = verdict
+                    self._decided.set()
+                self.on_lost(f"geodml: error: {verdict}; stopping rank {self.rank}")
+                return
+
+    def await_verdict(self, timeout_s: float | None = None) -> str | None:
+        """Wait (at most ``timeout_s``, default the peer timeout plus two intervals) for the thread to
+        name a lost peer; the default ``on_lost`` exits the process, so this returns only without one."""
+        self._decided.wait(self.timeout_s + 2 * self.interval_s if timeout_s is None else timeout_s)
+        return self.verdict
+
+    def mark_failed(self) -> None:
+        """Tell the peers this rank fails on its own (they stop at their next check, naming it)."""
+        try:
+            self.store.add(self._key("failed", self.rank), 1)
+        except Exception:  # noqa: BLE001 -- best effort while failing anyway
+            pass
+
+    def stop(self, *, done: bool) -> None:
+        with self._lock:
+            self._stop.set()
+        if done:
+            try:
+                self.store.add(self._key("done", self.rank), 1)
+            except Exception:  # noqa: BLE001
+                pass
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(self.interval_s + 5)
+
+
+def _exit_lost(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+    os._exit(PEER_LOST_EXIT)
+
+
+def fault_hook_from_env(rank: int) -> Callable[[Any], None] | None:
+    """The ``GEODML_FAULT`` test hook for this rank (None when unset or for another rank)."""
+    spec = os.environ.get("GEODML_FAULT")
+    if not spec:
+        return None
+    try:
+        kv = dict(item.split("=", 1) for item in spec.split(","))
+        target, at_step = int(kv["rank"]), int(kv["step"])
+        restart, how = int(kv.get("restart", "0")), kv.get("how", "kill")
+    except (ValueError, KeyError):
+        raise ValueError(f"GEODML_FAULT={spec!r}: expected rank=R,step=S[,how=kill|exit][,restart=N]") from None
+    if target != rank or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) != restart:
+        return None
+
+    def hook(trainer: Any) -> None:
+        if trainer.state.step == at_step:
+            print(f"GEODML_FAULT: rank {rank} dies after step {at_step} ({how})", file=sys.stderr, flush=True)
+            if how == "exit":
+                os._exit(FAULT_EXIT)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return hook
