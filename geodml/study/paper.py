@@ -1,0 +1,576 @@
+"""The Quagmire paper's studies from real runs: ``python -m geodml.study NAME [--budget quick|full]``.
+
+Each study is a list of runs (torchrun subprocesses through geodml.study.runner: finished runs
+are reused, failures are reported and excluded, never hidden) and one report: ``NAME.md`` (a
+figure-style pivot table and the per-run table), ``NAME.csv`` (one row per run), ``NAME.json``
+and PNGs (``accuracy.png``: bars with the "-x pp" loss relative to BSP-IID as in the paper's
+figures; ``accuracy_vs_wan_bytes.png``: the eval curves of every successful run).
+
+* ``noniid``   -- Quagmire Figure 1: BSP, Gaia (T0=10%), FedAvg (Iter_Local=20), DGC
+  (E_warm=8 paper epochs, scaled to the budget) with LeNet, IID vs 100% non-IID (label skew).
+* ``norm``     -- Figure 5: BN-LeNet vs GN-LeNet (group size 2) under every algorithm, IID vs non-IID.
+* ``skew``     -- Figure 6: GN-LeNet at 20/40/60/80% non-IID (and IID as the reference).
+* ``hparams``  -- Tables 6-8: each algorithm's knob grid (``theta_grid``), IID vs non-IID.
+* ``skewscout``-- Figure 8: Oracle (geodml.study.oracle) and SkewScout savings over BSP with Gaia
+  at each skew level, against the BSP-IID accuracy target.
+* ``dirichlet``-- Hsu et al. 2019 Figures 2/5: FedAvg vs FedAvgM over the Dirichlet alpha.
+
+Decisions (documented in docs/study.md, tested in tests/test_study.py):
+
+* **Learning rate per algorithm.** BSP and FedAvg average gradients / models; Gaia and DGC apply
+  the *sum* of the K partitions' updates (Appendix A pseudocode), so the study gives them
+  ``--lr lr/K`` (``--sum-lr divide`` default; ``same`` runs them at the BSP rate as the paper's
+  literal pseudocode would). The lr of every run is in the table.
+* **Budgets.** ``quick``: digits-sized, ``--steps`` (default 10) per run, LeNet; it checks the
+  machinery, not the science. ``full``: the paper's Appendix C schedule (128 epochs, lr 0.002,
+  /10 at 50% and 75% of training, batch 20, momentum 0.9, wd 5e-4); ``--epochs`` and ``--lr``
+  shorten it for a small machine, milestones scale with ``--epochs``, and so does DGC's E_warm
+  (paper value x epochs / 128), so the warm-up stays the same share of training.
+* **Relative numbers.** "vs BSP-IID" is the accuracy difference in percentage points to BSP in
+  the IID setting with the same model; "savings" is BSP's WAN bytes in the same setting and
+  model divided by the run's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from geodml.config import DATASETS
+from geodml.study.runner import Launcher, RunResult, RunSpec, check_reusable, read_summary, run_all, torchrun_launcher
+
+PAPER_EPOCHS = 128
+PAPER_LR = 0.002
+SUM_ALGOS = ("gaia", "dgc")  # apply the sum of the partitions' updates
+ALGOS = ("bsp", "gaia", "fedavg", "dgc")
+ALGO_LABEL = {"bsp": "BSP", "gaia": "Gaia", "fedavg": "FedAvg", "dgc": "DGC", "fedavgm": "FedAvgM"}
+FIG1_THETA = {"gaia": ("--t0", 0.1), "fedavg": ("--iter-local", 20), "dgc": ("--e-warm", 8.0)}  # Quagmire §4.1
+NORM_LABEL = {"none": "LeNet", "batch": "BN-LeNet", "group": "GN-LeNet"}
+# flags the studies set themselves; refused after "--"
+CONTROLLED = ("algo", "out", "dataset", "partition", "skew", "alpha", "shards_per_partition", "skewscout", "t0",
+              "iter_local", "e_warm", "lr", "epochs", "steps", "model", "norm", "lr_milestones", "eval_every",
+              "server_momentum", "server_lr")
+EPS = 1e-12
+
+
+class StudyError(ValueError):
+    """Bad study arguments, found before anything is launched."""
+
+
+# ---- budgets and learning rates ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Budget:
+    """Training length and schedule shared by every run of a study."""
+
+    name: str
+    epochs: float | None
+    """Epochs per run (full budget); None when ``steps`` is set."""
+    steps: int | None
+    """Steps per run (quick budget)."""
+    lr: float
+    """BSP's learning rate (the per-algorithm rate follows from it, see ``lr_for``)."""
+    eval_every: int
+    """Steps between validations of the global model."""
+
+    def __post_init__(self):
+        if (self.epochs is None) == (self.steps is None):
+            raise StudyError("a budget has either epochs or steps")
+        if self.epochs is not None and not (math.isfinite(self.epochs) and self.epochs > 0):
+            raise StudyError(f"--epochs must be > 0, got {self.epochs!r}")
+        if self.steps is not None and self.steps < 1:
+            raise StudyError(f"--steps must be >= 1, got {self.steps!r}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise StudyError(f"--lr must be > 0, got {self.lr!r}")
+        if self.eval_every < 1:
+            raise StudyError(f"--eval-every must be >= 1, got {self.eval_every!r}")
+
+    @property
+    def epoch_scale(self) -> float:
+        """This budget's length as a fraction of the paper's 128 epochs (quick: 1/128, one 'paper epoch')."""
+        return self.epochs / PAPER_EPOCHS if self.epochs is not None else 1.0 / PAPER_EPOCHS
+
+    def flags(self) -> list[str]:
+        if self.steps is not None:
+            return ["--steps", str(self.steps), "--eval-every", str(self.eval_every)]
+        ms = (0.5 * self.epochs, 0.75 * self.epochs)  # the paper's 64 and 96 of 128
+        return ["--epochs", fmt(self.epochs), "--lr-milestones", ",".join(fmt(m) for m in ms),
+                "--eval-every", str(self.eval_every)]
+
+
+def make_budget(args: argparse.Namespace) -> Budget:
+    if args.budget == "quick":
+        return Budget(name="quick", epochs=None, steps=args.steps or 10, lr=args.lr or 0.02,
+                      eval_every=args.eval_every or args.steps or 10)
+    if args.steps is not None:
+        raise StudyError("--steps is for --budget quick; the full budget is in epochs (--epochs)")
+    return Budget(name="full", epochs=args.epochs or PAPER_EPOCHS, steps=None, lr=args.lr or PAPER_LR,
+                  eval_every=args.eval_every or 500)
+
+
+def lr_for(algo: str, lr_bsp: float, nproc: int, rule: str) -> float:
+    """Gaia and DGC apply the sum of K updates: lr_bsp/K under ``divide`` (README "Learning rate")."""
+    return lr_bsp / nproc if algo in SUM_ALGOS and rule == "divide" else lr_bsp
+
+
+def fmt(value: float) -> str:
+    """Shortest exact text of a number: 0.1 -> '0.1', 20.0 -> '20'."""
+    text = repr(float(value))
+    return text[:-2] if text.endswith(".0") else text
+
+
+# ---- planned runs ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of a study, with the coordinates its table and plots use."""
+
+    algo: str
+    """bsp, gaia, fedavg, dgc, or fedavgm (FedAvg with server momentum)."""
+    setting: str
+    """'iid', 'noniid-100%' (label skew), 'dirichlet-0.1' ..."""
+    model: str
+    """LeNet, BN-LeNet or GN-LeNet."""
+    knob: str
+    """The algorithm's setting, e.g. 't0=0.1' ('' for BSP)."""
+    lr: float
+    spec: RunSpec
+    skew: float | None = None
+    """Label-skew fraction (0 = IID), or the Dirichlet alpha for the dirichlet study."""
+
+    @property
+    def series(self) -> str:
+        """The row of the pivot table: model (when varied), algorithm and knob."""
+        return " ".join(x for x in (ALGO_LABEL[self.algo], self.knob) if x)
+
+
+def setting_of(partition: str, value: float | None) -> str:
+    if partition == "iid":
+        return "iid"
+    if partition == "label":
+        return f"noniid-{round(100 * value):d}%"
+    return f"dirichlet-{fmt(value)}"
+
+
+def data_flags(dataset: str, partition: str, value: float | None) -> list[str]:
+    flags = ["--dataset", dataset, "--partition", partition]
+    if partition == "label":
+        flags += ["--skew", fmt(value)]
+    elif partition == "dirichlet":
+        flags += ["--alpha", fmt(value)]
+    return flags
+
+
+def knob_flags(algo: str, theta: float, budget: Budget) -> tuple[list[str], str]:
+    """The algorithm's knob as flags and as a label; DGC's E_warm is scaled to the budget."""
+    flag, _ = FIG1_THETA[algo]
+    if algo == "dgc":
+        scaled = theta * budget.epoch_scale
+        return [flag, fmt(round(scaled, 6))], f"E_warm={fmt(theta)}" + (f" (x{budget.epoch_scale:g})" if budget.epoch_scale != 1 else "")
+    if algo == "gaia":
+        return [flag, fmt(theta)], f"T0={fmt(100 * theta)}%"
+    return [flag, str(int(theta))], f"Iter_Local={int(theta)}"
+
+
+class Planner:
+    """Builds Cells with consistent run ids and directories (``OUT/<run id>``)."""
+
+    def __init__(self, args: argparse.Namespace, budget: Budget):
+        self.args, self.budget, self.out = args, budget, Path(args.out)
+        self.cells: dict[str, Cell] = {}
+
+    def add(self, algo: str, partition: str, value: float | None, *, norm: str = "none", theta: float | None = None,
+            extra: tuple[str, ...] = ()) -> Cell:
+        a, b = self.args, self.budget
+        base_algo = "fedavg" if algo == "fedavgm" else algo
+        lr = lr_for(base_algo, b.lr, a.nproc, a.sum_lr)
+        knob_f, knob = ([], "") if theta is None else knob_flags(base_algo, theta, b)
+        setting = setting_of(partition, value)
+        slug = [] if theta is None else [f"{FIG1_THETA[base_algo][0].lstrip('-').replace('-', '_')}-{fmt(theta)}"]
+        run_id = "-".join([algo, *slug, *([NORM_LABEL[norm].lower()] if norm != "none" else []), setting.replace("%", "")])
+        argv = ("--algo", base_algo, *data_flags(a.dataset, partition, value), "--model", "lenet", "--norm", norm,
+                "--lr", fmt(lr), *b.flags(), *knob_f, *extra, *a.geodml_args)
+        cell = Cell(algo, setting, NORM_LABEL[norm], knob, lr, RunSpec(run_id, self.out / run_id, argv, a.nproc),
+                    skew=0.0 if partition == "iid" else value)
+        self.cells.setdefault(run_id, cell)
+        return self.cells[run_id]
+
+
+def fig1_theta(algo: str) -> float | None:
+    return None if algo == "bsp" else float(FIG1_THETA[algo][1])
+
+
+def plan_noniid(p: Planner) -> None:
+    for algo in p.args.algos:
+        for partition, value in (("iid", None), ("label", 1.0)):
+            p.add(algo, partition, value, theta=fig1_theta(algo))
+
+
+def plan_norm(p: Planner) -> None:
+    for norm in ("batch", "group"):
+        for algo in p.args.algos:
+            for partition, value in (("iid", None), ("label", 1.0)):
+                p.add(algo, partition, value, norm=norm, theta=fig1_theta(algo))
+
+
+def plan_skew(p: Planner) -> None:
+    levels = (0.2, 0.4, 0.6, 0.8) if p.budget.name == "full" else (0.2, 0.8)
+    for algo in p.args.algos:
+        p.add(algo, "iid", None, norm="group", theta=fig1_theta(algo))
+        for level in levels:
+            p.add(algo, "label", level, norm="group", theta=fig1_theta(algo))
+
+
+def plan_hparams(p: Planner) -> None:
+    from geodml.algorithms import algorithm_class
+    for partition, value in (("iid", None), ("label", 1.0)):
+        p.add("bsp", partition, value)
+    for algo in p.args.algos:
+        if algo == "bsp":
+            continue
+        grid = tuple(float(v) for v in algorithm_class(algo).theta_grid)
+        if p.budget.name == "quick":
+            grid = (grid[0], grid[-1])
+        for theta in grid:
+            for partition, value in (("iid", None), ("label", 1.0)):
+                p.add(algo, partition, value, theta=theta)
+
+
+def plan_dirichlet(p: Planner) -> None:
+    alphas = (100.0, 1.0, 0.5, 0.2, 0.1, 0.05) if p.budget.name == "full" else (100.0, 0.1)
+    beta = p.args.server_momentum
+    for alpha in alphas:
+        p.add("fedavg", "dirichlet", alpha, theta=20.0)
+        # FedAvgM at the same effective server step: server lr = 1 - beta (hsu2019 section 3, eta_eff)
+        p.add("fedavgm", "dirichlet", alpha, theta=20.0,
+              extra=("--server-momentum", fmt(beta), "--server-lr", fmt(round(1 - beta, 12))))
+
+
+PLANS = {"noniid": plan_noniid, "norm": plan_norm, "skew": plan_skew, "hparams": plan_hparams, "dirichlet": plan_dirichlet}
+PAPER_REF = {"noniid": "Quagmire Figure 1", "norm": "Quagmire Figure 5", "skew": "Quagmire Figure 6",
+             "hparams": "Quagmire Tables 6-8", "dirichlet": "Hsu et al. 2019 Figures 2/5",
+             "skewscout": "Quagmire Figure 8"}
+
+
+# ---- report ----------------------------------------------------------------------------------
+
+def build_rows(cells: list[Cell], results: list[RunResult]) -> list[dict]:
+    """One row per run with accuracy relative to BSP-IID (same model) and savings over BSP (same setting, model)."""
+    by_id = {r.spec.run_id: r for r in results}
+    summ = {c.spec.run_id: (by_id[c.spec.run_id].summary if by_id[c.spec.run_id].succeeded else None) for c in cells}
+
+    def bsp(setting: str, model: str) -> dict | None:
+        return next((summ[c.spec.run_id] for c in cells if c.algo == "bsp" and c.setting == setting and c.model == model
+                     and summ[c.spec.run_id] is not None), None)
+    rows = []
+    for c in cells:
+        res, s = by_id[c.spec.run_id], summ[c.spec.run_id]
+        ref_iid, ref_same = bsp("iid", c.model), bsp(c.setting, c.model)
+        acc = None if s is None else s.get("final_val_accuracy")
+        wan = None if s is None else s.get("wan_bytes_total")
+        rows.append({
+            "run_id": c.spec.run_id, "model": c.model, "algo": c.algo, "knob": c.knob, "setting": c.setting,
+            "skew": c.skew, "lr": c.lr, "status": res.status, "returncode": res.returncode, "error": res.error,
+            "accuracy": acc, "val_loss": None if s is None else s.get("final_val_loss"),
+            "train_loss": None if s is None else s.get("final_train_loss"),
+            "vs_bsp_iid_pp": None if acc is None or ref_iid is None else 100 * (acc - ref_iid["final_val_accuracy"]),
+            "wan_bytes_total": wan, "savings_vs_bsp": None if not wan or ref_same is None or not ref_same.get("wan_bytes_total")
+            else ref_same["wan_bytes_total"] / wan,
+            "emulated_s": None if s is None else s.get("emulated_seconds"),
+            "wall_s": None if s is None else s.get("wall_seconds"), "dir": str(c.spec.out),
+            "stderr_tail": res.stderr_tail or None})
+    return rows
+
+
+def _num(v, spec: str, none: str = "-") -> str:
+    return none if v is None else format(v, spec)
+
+
+def _bytes(n) -> str:
+    from geodml.report import human_bytes
+    return "-" if n is None else human_bytes(n)
+
+
+def pivot(rows: list[dict]) -> tuple[list[str], list[str], dict[tuple[str, str], dict]]:
+    """(series, settings, cell) for the figure-style table: series = model + algorithm + knob."""
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    series = list(dict.fromkeys(series_name(r, len(models) > 1) for r in rows))
+    settings = list(dict.fromkeys(r["setting"] for r in rows))
+    return series, settings, {(series_name(r, len(models) > 1), r["setting"]): r for r in rows}
+
+
+def series_name(row: dict, with_model: bool) -> str:
+    name = " ".join(x for x in (ALGO_LABEL[row["algo"]], row["knob"]) if x)
+    return f"{row['model']} {name}" if with_model else name
+
+
+def cell_text(r: dict | None) -> str:
+    if r is None:
+        return ""
+    if r["status"] in ("failed", "timeout"):
+        return f"{r['status'].upper()} (exit {r['returncode']})"
+    rel = r["vs_bsp_iid_pp"]
+    return f"{100 * r['accuracy']:.1f}%" + ("" if rel is None else f" ({rel:+.1f} pp)")
+
+
+def format_markdown(report: dict) -> str:
+    rows = report["rows"]
+    series, settings, cells = pivot(rows)
+    b = report["budget"]
+    length = f"{b['steps']} steps" if b["steps"] else f"{fmt(b['epochs'])} epochs"
+    lines = [f"# {report['study']}: {report['paper']} on {report['dataset']}, K={report['nproc']}, budget {b['name']}",
+             "", f"Budget: {length} per run, BSP lr {b['lr']:g} (Gaia/DGC lr {'/K' if report['sum_lr'] == 'divide' else 'same'}), "
+             f"eval every {b['eval_every']} steps. Accuracy = final top-1 validation accuracy of the global model "
+             "(Gaia: average of the partitions' models, see summary.json); (x pp) = difference to BSP-IID with the same model.",
+             "", "| configuration | " + " | ".join(settings) + " |", "|---|" + "---|" * len(settings)]
+    for s in series:
+        lines.append(f"| {s} | " + " | ".join(cell_text(cells.get((s, st))) for st in settings) + " |")
+    lines += ["", "| run | model | algorithm | knob | setting | lr | accuracy | vs BSP-IID | val loss | train loss | WAN bytes | "
+              "savings vs BSP | emulated s | status |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        acc = "-" if r["accuracy"] is None else f"{r['accuracy']:.4f}"
+        sav = "-" if r["savings_vs_bsp"] is None else f"x{r['savings_vs_bsp']:.1f}"
+        lines.append(f"| {r['run_id']} | {r['model']} | {ALGO_LABEL[r['algo']]} | {r['knob'] or '-'} | {r['setting']} | "
+                     f"{r['lr']:g} | {acc} | {_num(r['vs_bsp_iid_pp'], '+.1f')} | {_num(r['val_loss'], '.3f')} | "
+                     f"{_num(r['train_loss'], '.3f')} | {_bytes(r['wan_bytes_total'])} | {sav} | "
+                     f"{_num(r['emulated_s'], '.0f')} | {r['status']} |")
+    for r in rows:
+        if r["status"] in ("failed", "timeout"):
+            lines.append(f"\nFailed (excluded from comparisons): {r['run_id']}: {r['error']}; stderr: {Path(r['dir']) / 'stderr.txt'}")
+    return "\n".join(lines) + "\n"
+
+
+CSV_FIELDS = ("run_id", "model", "algo", "knob", "setting", "skew", "lr", "status", "returncode", "accuracy",
+              "vs_bsp_iid_pp", "val_loss", "train_loss", "wan_bytes_total", "savings_vs_bsp", "emulated_s", "wall_s", "dir",
+              "error")
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in CSV_FIELDS})
+
+
+def plot_bars(report: dict, path: Path, plt) -> None:
+    """Grouped bars: one group per series, one bar per setting, '-x' labels relative to BSP-IID (like Figure 1)."""
+    series, settings, cells = pivot(report["rows"])
+    width = 0.8 / max(1, len(settings))
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(series) * max(1, len(settings)) ** 0.5 + 2), 3.6))
+    for j, st in enumerate(settings):
+        xs, ys, labels = [], [], []
+        for i, s in enumerate(series):
+            r = cells.get((s, st))
+            if r is None or r["accuracy"] is None:
+                continue
+            xs.append(i + (j - (len(settings) - 1) / 2) * width)
+            ys.append(100 * r["accuracy"])
+            labels.append("" if r["vs_bsp_iid_pp"] is None or r["vs_bsp_iid_pp"] > -0.05 else f"{r['vs_bsp_iid_pp']:.0f}")
+        bars = ax.bar(xs, ys, width, label=st)
+        for bar, text in zip(bars, labels):
+            if text:
+                ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=6)
+        for i, s in enumerate(series):  # failed runs: an X at zero, so they are visible
+            r = cells.get((s, st))
+            if r is not None and r["accuracy"] is None:
+                ax.plot([i + (j - (len(settings) - 1) / 2) * width], [1], "rx")
+    ax.set_xticks(range(len(series)))
+    ax.set_xticklabels(series, rotation=30 if len(series) > 4 else 0, ha="right" if len(series) > 4 else "center", fontsize=7)
+    ax.set_ylabel("top-1 validation accuracy [%]")
+    ax.set_ylim(0, 100)
+    ax.set_title(f"{report['paper']}: {report['dataset']}, K={report['nproc']} ({report['budget']['name']} budget)", fontsize=9)
+    ax.legend(fontsize=7, ncol=min(len(settings), 5))
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def write_plots(report: dict, out: Path) -> list[Path]:
+    """accuracy.png (bars) and accuracy_vs_wan_bytes.png (curves); [] with a warning when matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("warning: matplotlib is not installed; no PNGs (pip install 'geodml[plot]')", file=sys.stderr)
+        return []
+    from geodml.report import ReportError, load_run, plot_accuracy
+    bars, curves = out / "accuracy.png", out / "accuracy_vs_wan_bytes.png"
+    plot_bars(report, bars, plt)
+    runs = []
+    for r in report["rows"]:
+        if r["accuracy"] is None:
+            continue
+        try:
+            run = load_run(r["dir"])
+        except ReportError:
+            continue
+        run.label = f"{series_name(r, True)} {r['setting']}"
+        runs.append(run)
+    if runs:
+        plot_accuracy(runs, "wan_bytes_total", curves, xlabel="WAN bytes sent (all ranks)",
+                      title=f"{report['study']}: accuracy vs WAN bytes", log_x=True, plt=plt)
+        return [bars, curves]
+    return [bars]
+
+
+def build_report(args: argparse.Namespace, budget: Budget, cells: list[Cell], results: list[RunResult]) -> dict:
+    rows = build_rows(cells, results)
+    return {"study": args.name, "paper": PAPER_REF[args.name], "dataset": args.dataset, "nproc": args.nproc,
+            "sum_lr": args.sum_lr, "budget": {"name": budget.name, "epochs": budget.epochs, "steps": budget.steps,
+                                               "lr": budget.lr, "eval_every": budget.eval_every},
+            "geodml_args": list(args.geodml_args), "out": str(args.out),
+            "failed": [r["run_id"] for r in rows if r["status"] in ("failed", "timeout")], "rows": rows}
+
+
+def write_outputs(report: dict, out: Path, *, plots: bool = True) -> tuple[str, list[Path]]:
+    out.mkdir(parents=True, exist_ok=True)
+    name = report["study"]
+    text = format_markdown(report)
+    (out / f"{name}.md").write_text(text)
+    (out / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_csv(report["rows"], out / f"{name}.csv")
+    paths = [out / f"{name}.md", out / f"{name}.csv", out / f"{name}.json"]
+    return text, paths + (write_plots(report, out) if plots else [])
+
+
+# ---- arguments ---------------------------------------------------------------------------------
+
+def _algo_list(text: str) -> tuple[str, ...]:
+    algos = tuple(a for a in text.replace(" ", "").split(",") if a)
+    bad = [a for a in algos if a not in ALGOS]
+    if not algos or bad:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {','.join(ALGOS)}, got {text!r}")
+    return algos
+
+
+def build_parser(name: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=f"python -m geodml.study {name}", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=f"{PAPER_REF[name]} from real runs (see geodml/study/paper.py and docs/study.md).",
+        epilog="Flags after '--' go to every geodml run (e.g. -- --batch-size 32). Finished runs (summary.json) are reused.")
+    p.add_argument("--budget", choices=("quick", "full"), default="full",
+                   help="quick: --steps per run (checks the machinery); full: the paper's schedule, shortened by --epochs")
+    p.add_argument("--dataset", choices=DATASETS, default=None, help="default: digits for quick, fashion-mnist for full")
+    p.add_argument("--nproc", type=int, default=5, help="partitions K (torchrun --nproc_per_node)")
+    p.add_argument("--algos", type=_algo_list, default=ALGOS, help="subset of bsp,gaia,fedavg,dgc (bsp is always run)")
+    p.add_argument("--epochs", type=float, help=f"full budget: epochs per run (default {PAPER_EPOCHS}, the paper's)")
+    p.add_argument("--steps", type=int, help="quick budget: steps per run (default 10)")
+    p.add_argument("--lr", type=float, help=f"BSP learning rate (default: quick 0.02, full {PAPER_LR})")
+    p.add_argument("--sum-lr", choices=("divide", "same"), default="divide",
+                   help="Gaia/DGC learning rate: divide = lr/K (they apply the sum of K updates), same = lr")
+    p.add_argument("--eval-every", type=int, help="steps between validations (default: quick = --steps, full 500)")
+    p.add_argument("--server-momentum", type=float, default=0.9, help="dirichlet: FedAvgM server momentum beta")
+    p.add_argument("--out", help="study directory (default runs/study-NAME-DATASET-BUDGET-kNPROC)")
+    p.add_argument("--jobs", type=int, default=1, help="runs at a time (2 cores: keep 1)")
+    p.add_argument("--run-timeout", type=float, default=3600.0, help="seconds before a run is killed and reported")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNGs")
+    if name == "skewscout":
+        p.add_argument("--tolerance", type=float, default=0.01, help="accepted accuracy below BSP-IID's (absolute)")
+        p.add_argument("--grid", help="Gaia T0 values for the Oracle, e.g. 0.05,0.2 (default: quick 0.05,0.5; full all)")
+    return p
+
+
+def parse_args(name: str, argv: list[str]) -> argparse.Namespace:
+    head, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    parser = build_parser(name)
+    args = parser.parse_args(head)
+    args.name, args.geodml_args = name, tuple(extra)
+    if args.nproc < 2:
+        parser.error(f"--nproc must be >= 2 (a study compares partitions), got {args.nproc}")
+    if args.jobs < 1:
+        parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    if not (math.isfinite(args.run_timeout) and args.run_timeout > 0):
+        parser.error(f"--run-timeout must be > 0, got {args.run_timeout}")
+    if not 0 <= args.server_momentum < 1:
+        parser.error(f"--server-momentum must be in [0, 1), got {args.server_momentum}")
+    if "bsp" not in args.algos:
+        args.algos = ("bsp", *args.algos)  # every comparison is relative to BSP
+    args.dataset = args.dataset or ("digits" if args.budget == "quick" else "fashion-mnist")
+    if args.out is None:
+        args.out = str(Path("runs") / f"study-{name}-{args.dataset}-{args.budget}-k{args.nproc}")
+    return args
+
+
+def check_extra_flags(extra: tuple[str, ...]) -> None:
+    from geodml.cli import UsageError, build_parser as geodml_parser
+    try:
+        given = vars(geodml_parser().parse_args(list(extra)))
+    except UsageError as exc:
+        raise StudyError(f"flags after '--': {exc}") from None
+    taken = [f"--{d.replace('_', '-')}" for d in given if d in CONTROLLED and f"--{d.replace('_', '-')}" in extra]
+    if taken:
+        raise StudyError(f"flags after '--': {', '.join(taken)} are set by the study (use the study's own flags)")
+
+
+def validate_specs(specs: list[RunSpec]) -> None:
+    """Every run's flags through geodml's own validation, and reuse safety, before anything launches."""
+    from geodml.cli import parse_config
+    from geodml.run import check_before_start
+    from geodml.runtime import Env
+    for spec in specs:
+        try:
+            check_reusable(spec)
+            if read_summary(spec.out) is not None:
+                continue
+            cfg = parse_config([*spec.argv, "--out", str(spec.out)])
+            check_before_start(cfg, Env(0, spec.nproc, 0, spec.nproc, True))
+        except ValueError as exc:
+            raise StudyError(f"run {spec.run_id}: {exc}") from None
+
+
+def prepare(name: str, argv: list[str]) -> tuple[argparse.Namespace, Budget, list[Cell]]:
+    args = parse_args(name, argv)
+    budget = make_budget(args)
+    check_extra_flags(args.geodml_args)
+    planner = Planner(args, budget)
+    PLANS[name](planner)
+    cells = list(planner.cells.values())
+    validate_specs([c.spec for c in cells])
+    return args, budget, cells
+
+
+def main_for(name: str, argv: list[str] | None = None, *, launcher: Launcher = torchrun_launcher) -> int:
+    """0: every run succeeded; 1: some run failed (reported); 2: bad arguments."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args, budget, cells = prepare(name, argv)
+    except StudyError as exc:
+        print(f"geodml.study {name}: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{name} study ({PAPER_REF[name]}): {len(cells)} runs on {args.dataset}, K={args.nproc}, budget {budget.name}, "
+          f"into {args.out}", flush=True)
+    results = run_all([c.spec for c in cells], jobs=args.jobs, timeout_s=args.run_timeout, launcher=launcher,
+                      log=lambda m: print(m, flush=True))
+    report = build_report(args, budget, cells, results)
+    text, paths = write_outputs(report, Path(args.out), plots=not args.no_plots)
+    print("\n" + text + "\nwritten: " + ", ".join(str(p) for p in paths), flush=True)
+    if report["failed"]:
+        print(f"{len(report['failed'])} run(s) failed: {', '.join(report['failed'])}", file=sys.stderr)
+    return 1 if report["failed"] else 0
+
+
+def noniid(argv=None, **kw):
+    return main_for("noniid", argv, **kw)
+
+
+def norm(argv=None, **kw):
+    return main_for("norm", argv, **kw)
+
+
+def skew(argv=None, **kw):
+    return main_for("skew", argv, **kw)
+
+
+def hparams(argv=None, **kw):
+    return main_for("hparams", argv, **kw)
+
+
+def dirichlet(argv=None, **kw):
+    return main_for("dirichlet", argv, **kw)
