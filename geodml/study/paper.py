@@ -105,6 +105,8 @@ class Budget:
 
 def make_budget(args: argparse.Namespace) -> Budget:
     if args.budget == "quick":
+        if args.epochs is not None:
+            raise StudyError("--epochs is for --budget full; the quick budget is in steps (--steps)")
         return Budget(name="quick", epochs=None, steps=args.steps or 10, lr=args.lr or 0.02,
                       eval_every=args.eval_every or args.steps or 10)
     if args.steps is not None:

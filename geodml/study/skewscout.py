@@ -44,8 +44,12 @@ def plan(args: argparse.Namespace, budget: paper.Budget) -> tuple[dict[float, li
                                 geodml_args=tuple(common))
         planned = []
         for p in oracle.plan(ns, theta_name, grid, algo_grid):
-            if p.role in ("theta", "skewscout"):  # argparse keeps the last --lr
-                p = dataclasses.replace(p, spec=dataclasses.replace(p.spec, argv=(*p.spec.argv, "--lr", gaia_lr)))
+            if p.role in ("theta", "skewscout"):
+                # the oracle's Gaia run ids do not name the setting: prefix it so levels do not collide;
+                # argparse keeps the last --lr, so appending one gives Gaia its own rate
+                rid = f"{oracle.setting_name(ns)}-{p.spec.run_id}"
+                p = dataclasses.replace(p, spec=dataclasses.replace(p.spec, run_id=rid, out=Path(args.out) / rid,
+                                                                      argv=(*p.spec.argv, "--lr", gaia_lr)))
             planned.append(unique.setdefault(p.spec.run_id, p))
         per_level[level] = planned
     return per_level, (theta_name, grid)
