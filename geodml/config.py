@@ -173,6 +173,8 @@ class AlgoConfig:
         _check(_finite(self.prox_mu) and self.prox_mu >= 0, f"--prox-mu must be >= 0, got {self.prox_mu!r}")
         _check(isinstance(self.virtual_client_size, int) and self.virtual_client_size >= 0,
                f"--virtual-client-size must be an integer >= 0, got {self.virtual_client_size!r}")
+        _check(not (self.fedir and self.iwds is not None),
+               "--fedir and --iwds both set the per-class loss weights; choose one")
         if self.iwds is not None:
             self.iwds = tuple(self.iwds)
             _check(len(self.iwds) == 3 and all(_finite(b) for b in self.iwds),

@@ -44,13 +44,21 @@ class Env:
         return cls(rank, world, local_rank, local_world, True)
 
 
-def resolve_backend(requested: str) -> str:
-    """auto -> nccl when CUDA is available, else gloo. nccl without CUDA is a user error."""
+def resolve_backend(requested: str, local_world_size: int = 1) -> str:
+    """auto -> nccl when CUDA is available with one GPU per local rank (rank i uses cuda:LOCAL_RANK), else gloo.
+
+    nccl without CUDA, or with fewer visible GPUs than ranks on this node, is a user error
+    (ValueError). auto on a GPU host with more ranks than GPUs falls back to gloo on CPU.
+    """
     cuda = torch.cuda.is_available()
+    gpus = torch.cuda.device_count() if cuda else 0
     if requested == "auto":
-        return "nccl" if cuda else "gloo"
+        return "nccl" if cuda and gpus >= local_world_size else "gloo"
     if requested == "nccl" and not cuda:
         raise ValueError("--backend nccl needs CUDA, but torch.cuda.is_available() is False; use --backend gloo or auto")
+    if requested == "nccl" and gpus < local_world_size:
+        raise ValueError(f"--backend nccl uses one GPU per rank, but this node runs {local_world_size} ranks and sees "
+                         f"{gpus} GPU(s) (CUDA_VISIBLE_DEVICES); start at most {gpus} ranks per node or use --backend gloo")
     return requested
 
 
@@ -62,7 +70,14 @@ def init_process_group(env: Env, backend: str, timeout_s: float) -> torch.device
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    if env.under_torchrun:
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if env.under_torchrun and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and restart not in ("", "0"):
+        # After a torchrun --max-restarts restart the agent's store still holds the previous attempt's
+        # gloo addresses (torch 2.x: connectFullMesh then dials dead ranks); a per-attempt prefix avoids them.
+        base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
+        dist.init_process_group(backend, store=dist.PrefixStore(f"geodml/attempt_{restart}", base), rank=env.rank,
+                                world_size=env.world_size, timeout=timeout)
+    elif env.under_torchrun:
         dist.init_process_group(backend, rank=env.rank, world_size=env.world_size, timeout=timeout)
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)

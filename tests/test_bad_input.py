@@ -1,0 +1,192 @@
+"""Bad input (issue 10 item 4): a table of bad flags, TOML config files, topology files, data
+directories and checkpoint files. Each must exit with code 2 and ONE clear message that names
+the problem (no traceback), before any process group exists, and leave every file already in
+the run directory byte-identical (and add none). Most cases run ``geodml.cli.main`` in-process;
+two run under a real torchrun to show that only rank 0 prints and every rank exits 2."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+import torch
+
+from geodml import checkpoint as ck
+from geodml.cli import main, parse_config
+
+BASE = ["--dataset", "digits", "--model", "logreg", "--steps", "5", "--no-progress", "--wan", "off"]
+
+
+def _toml(tmp, text):
+    f = tmp / "cfg.toml"
+    f.write_text(text)
+    return ["--config", str(f)]
+
+
+def _topo(tmp, text):
+    f = tmp / "topo.toml"
+    f.write_text(text)
+    return ["--topology", str(f)]
+
+
+TOPO_OK = 'name = "t"\nsource = "illustrative"\nregions = ["a"]\nplacement = "cyclic"\n[lan]\nbandwidth_mbps = 10\nlatency_ms = 1\n'
+
+
+def _idx_dir(tmp, *, bad_magic=False):
+    d = tmp / "mnist"
+    d.mkdir()
+    for name, ndim, n in (("train-images-idx3-ubyte", 3, 4), ("train-labels-idx1-ubyte", 1, 4),
+                          ("t10k-images-idx3-ubyte", 3, 2), ("t10k-labels-idx1-ubyte", 1, 2)):
+        dims = (n, 28, 28)[:ndim]
+        magic = struct.pack(">HBB", 0 if not bad_magic else 0xBEEF, 0x08, ndim)
+        (d / name).write_bytes(magic + struct.pack(f">{ndim}I", *dims) + bytes(int(torch.tensor(dims).prod())))
+    return ["--dataset", "mnist", "--data-dir", str(d)]
+
+
+def _ckpt(tmp, *, argv=(), mutate=None, raw=None, rank_dir=0, step=4, resume=True):
+    """A checkpoint in <out>/rank<rank_dir>/ for the run BASE + argv (world size 1), then spoiled."""
+    cfg = parse_config([*BASE, *argv])
+    path = ck.checkpoint_path(tmp / "run", rank_dir, step)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"format": ck.FORMAT, "step": step, "rank": rank_dir, "world_size": 1, "fingerprint": ck.fingerprint(cfg, 1),
+            "model": {}, "algo": {}, "sampler": {}, "train_state": {}}
+    if mutate:
+        mutate(data)
+    if raw is not None:
+        path.write_bytes(raw(path, data))
+    else:
+        ck.atomic_save(data, path)
+    return [*argv, *(["--resume"] if resume else [])]
+
+
+def _truncated(path, data):
+    ck.atomic_save(data, path)
+    return path.read_bytes()[: path.stat().st_size // 2]
+
+
+def _tensor_file(path, data):
+    torch.save(torch.zeros(3), path)
+    return path.read_bytes()
+
+
+def _summary(tmp):
+    (tmp / "run" / "summary.json").write_text('{"algo": "bsp"}\n')
+    return ["--resume"]
+
+
+# (id, setup(tmp) -> extra argv, words the one message must contain)
+CASES = [
+    # flags
+    ("steps-zero", lambda t: ["--steps", "0"], "--steps must be an integer >= 1"),
+    ("batch-size-negative", lambda t: ["--batch-size", "-4"], "--batch-size must be an integer >= 1"),
+    ("lr-nan", lambda t: ["--lr", "nan"], "--lr must be > 0"),
+    ("momentum-one", lambda t: ["--momentum", "1"], "--momentum must be in [0, 1)"),
+    ("unknown-algo", lambda t: ["--algo", "sgd"], "--algo"),
+    ("t0-negative", lambda t: ["--algo", "gaia", "--t0", "-0.1"], "--t0 must be >= 0"),
+    ("sparsity-one", lambda t: ["--algo", "dgc", "--sparsity", "1"], "--sparsity must be in [0, 1)"),
+    ("iter-local-zero", lambda t: ["--algo", "fedavg", "--iter-local", "0"], "--iter-local must be an integer >= 1"),
+    ("client-fraction-zero", lambda t: ["--algo", "fedavg", "--client-fraction", "0"], "--client-fraction must be in (0, 1]"),
+    ("iwds-two-numbers", lambda t: ["--algo", "fedavg", "--iwds", "0.9,0.1"], "--iwds takes three numbers"),
+    ("fedir-and-iwds", lambda t: ["--algo", "fedavg", "--fedir", "--iwds", "0.9,0.1,0.5"], "--fedir and --iwds both set"),
+    ("skewscout-bsp", lambda t: ["--algo", "bsp", "--skewscout"], "--skewscout tunes a communication knob"),
+    ("metrics-port-high", lambda t: ["--metrics-port", "70000"], "--metrics-port must be a TCP port"),
+    ("checkpoint-every-negative", lambda t: ["--checkpoint-every", "-1"], "--checkpoint-every must be an integer >= 0"),
+    ("peer-timeout-zero", lambda t: ["--peer-timeout-s", "0"], "--peer-timeout-s must be > 0"),
+    ("resume-without-out", lambda t: ["--resume", "--out", None], "--resume needs the run directory"),
+    ("checkpoint-without-out", lambda t: ["--checkpoint-every", "5", "--out", None], "--checkpoint-every needs a run directory"),
+    ("out-is-a-file", lambda t: ["--out", str(t / "run" / "notes.txt")], "exists and is not a directory"),
+    ("unknown-flag", lambda t: ["--learning-rate", "0.1"], "unrecognized arguments: --learning-rate"),
+    # TOML config files
+    ("toml-missing", lambda t: ["--config", str(t / "nope.toml")], "--config: file not found"),
+    ("toml-syntax", lambda t: _toml(t, "lr = = 1\n"), "is not valid TOML"),
+    ("toml-unknown-key", lambda t: _toml(t, "learning_rate = 0.1\n"), "unknown key 'learning_rate'"),
+    ("toml-wrong-type", lambda t: _toml(t, 'lr = "fast"\n'), "--lr must be > 0"),
+    ("toml-resume-string", lambda t: _toml(t, 'resume = "yes"\n'), "--resume is a switch"),
+    ("toml-checkpoint-float", lambda t: _toml(t, "checkpoint-every = 2.5\n"), "--checkpoint-every must be an integer"),
+    # topology files
+    ("topology-unknown-name", lambda t: ["--topology", "atlantis"], "no topology named 'atlantis'"),
+    ("topology-bad-toml", lambda t: _topo(t, "regions = [\n"), "not valid TOML"),
+    ("topology-no-source", lambda t: _topo(t, TOPO_OK.replace('source = "illustrative"\n', "")), "`source` is required"),
+    ("topology-negative-latency", lambda t: _topo(t, TOPO_OK.replace("latency_ms = 1", "latency_ms = -1")),
+     "negative latency"),
+    ("topology-zero-bandwidth", lambda t: _topo(t, TOPO_OK.replace("bandwidth_mbps = 10", "bandwidth_mbps = 0")),
+     "non-positive bandwidth"),
+    ("topology-unknown-region", lambda t: _topo(t, TOPO_OK.replace('placement = "cyclic"', 'placement = ["b"]')),
+     "unknown region 'b'"),
+    # data directories
+    ("data-dir-empty", lambda t: ["--dataset", "mnist", "--data-dir", str(t)], "train-images-idx3-ubyte"),
+    ("data-dir-missing", lambda t: ["--dataset", "cifar10", "--data-dir", str(t / "nowhere")], "nowhere"),
+    ("data-idx-bad-magic", lambda t: _idx_dir(t, bad_magic=True), "train-images-idx3-ubyte"),
+    # checkpoint files
+    ("ckpt-garbage", lambda t: _ckpt(t, raw=lambda p, d: b"\x00not a checkpoint" * 50), "ckpt-00000004.pt is corrupt"),
+    ("ckpt-truncated", lambda t: _ckpt(t, raw=_truncated), "ckpt-00000004.pt is corrupt"),
+    ("ckpt-a-tensor", lambda t: _ckpt(t, raw=_tensor_file), "is not a geodml checkpoint"),
+    ("ckpt-other-lr", lambda t: _ckpt(t, argv=["--lr", "0.5"]) and ["--resume"],
+     "optim.lr=0.5 but this run has optim.lr=0.02; resume with the same --lr"),
+    ("ckpt-future-format", lambda t: _ckpt(t, mutate=lambda d: d.update(format=99)), "has format 99"),
+    ("ckpt-incomplete", lambda t: _ckpt(t, mutate=lambda d: d.pop("sampler")), "is incomplete: missing sampler"),
+    ("ckpt-wrong-rank", lambda t: _ckpt(t, mutate=lambda d: d.update(rank=3)), "belongs to rank 3, not rank 0"),
+    ("ckpt-more-ranks", lambda t: _ckpt(t, rank_dir=1), "checkpoints of rank1"),
+    ("ckpt-without-resume", lambda t: _ckpt(t, resume=False), "holds checkpoints of an earlier run; pass --resume"),
+    ("resume-finished-run", _summary, "already holds a finished run"),
+]
+
+
+def _snapshot(d):
+    return {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_exits_2_with_one_message_and_touches_nothing(case, tmp_path, capsys, monkeypatch):
+    _, setup, needle = case
+    for var in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT"):
+        monkeypatch.delenv(var, raising=False)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_bytes(b"earlier results \x00\x01\x02 keep me\n")
+    (out / "metrics.jsonl").write_text('{"step": 2, "train_loss": 1.5}\n')
+    extra = setup(tmp_path)
+    argv = [*BASE, "--out", str(out), *extra]
+    if None in argv:  # "--out None": the case wants no --out at all
+        i = argv.index(None)
+        del argv[i - 1:i + 1]
+        del argv[argv.index("--out"):argv.index("--out") + 2]
+    before = _snapshot(out)
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("geodml: error:") == 1, err
+    assert needle in err, err
+    assert "Traceback" not in err
+    assert _snapshot(out) == before
+
+
+def test_table_has_at_least_30_cases_over_every_input_kind():
+    kinds = {"flags": 0, "toml": 0, "topology": 0, "data": 0, "ckpt": 0}
+    for name, _, _ in CASES:
+        kinds[next((k for k in kinds if name.startswith(k)), "flags")] += 1
+    assert len(CASES) >= 30 and all(n >= 3 for n in kinds.values()), kinds
+
+
+@pytest.mark.parametrize("what", ["corrupt-checkpoint", "bad-topology"])
+def test_torchrun_bad_input_every_rank_exits_2_rank0_prints_once(tmp_path, what):
+    from tests.mp import run_torchrun
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep\n")
+    if what == "corrupt-checkpoint":
+        for r in range(2):
+            p = ck.checkpoint_path(out, r, 8)
+            p.parent.mkdir()
+            p.write_bytes(b"garbage" * 100)
+        extra, needle = ["--resume", "--checkpoint-every", "8"], "rank0/ckpt-00000008.pt is corrupt"
+    else:
+        extra, needle = _topo(tmp_path, TOPO_OK.replace("latency_ms = 1", "latency_ms = -1")), "negative latency"
+    before = _snapshot(out)
+    r = run_torchrun(2, [*BASE, "--out", str(out), *extra], timeout_s=120)
+    text = r.stdout + r.stderr
+    assert r.returncode != 0
+    assert text.count("geodml: error:") == 1 and needle in text, text[-3000:]
+    assert text.count("exitcode  : 2") == 2 or ("exitcode  : 2" in text and "exitcode  : 1" not in text), text[-3000:]
+    assert "Traceback (most recent call last)" not in text.split("geodml: error")[0]
+    assert _snapshot(out) == before
