@@ -27,7 +27,7 @@ def check_before_start(cfg: RunConfig, env: Env) -> None:
     from geodml.data.datasets import check_dataset_available
     from geodml.runtime import resolve_backend
 
-    resolve_backend(cfg.backend)
+    resolve_backend(cfg.backend, env.local_world_size)
     if cfg.skewscout.enabled:
         if cfg.algo.algo not in ("gaia", "fedavg", "dgc"):
             raise ValueError(f"--skewscout tunes a communication knob; --algo {cfg.algo.algo} has none (use gaia, fedavg or dgc)")
@@ -100,7 +100,7 @@ def run(cfg: RunConfig, env: Env) -> dict | None:
     wall_t0 = time.monotonic()
     startup = _Startup()  # per-rank start-up breakdown -> rank<k>/startup.json (docs/launch.md)
     torch.set_num_threads(cfg.threads)
-    backend = resolve_backend(cfg.backend)
+    backend = resolve_backend(cfg.backend, env.local_world_size)
     rank, world = env.rank, env.world_size
     is0 = rank == 0
     comm = None
@@ -127,6 +127,10 @@ def run(cfg: RunConfig, env: Env) -> dict | None:
                             file_sd_groups(targets, comm.region_of_rank, run=out.name, algo=cfg.algo.algo))
                 print(f"metrics: Prometheus exporters at {', '.join(targets)} (file_sd: {out / 'prometheus_targets.json'})",
                       flush=True)
+                if env.local_world_size < world and cfg.metrics_host.startswith(("127.", "localhost", "::1")):
+                    print(f"metrics: warning: the job spans nodes but --metrics-host {cfg.metrics_host} is loopback: a "
+                          f"Prometheus server reaches only its own node's exporters; use --metrics-host 0.0.0.0",
+                          file=sys.stderr, flush=True)
 
         # Data: every rank computes ALL partitions from the seed and keeps its own.
         ds = load_dataset(cfg.data.dataset, cfg.data.data_dir, seed=cfg.seed,

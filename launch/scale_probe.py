@@ -89,7 +89,9 @@ def main() -> int:
         output = proc.communicate()[0]
     wall_s = time.monotonic() - t0
     if proc.returncode != 0:
-        print(output[-4000:], file=sys.stderr)
+        log = Path(a.out + ".log")
+        log.write_text(output)
+        print(output[-4000:] + f"\nscale_probe: the job failed; its whole output is in {log}", file=sys.stderr)
         return proc.returncode or 1
     out = Path(a.out)
     ranks = [json.loads((out / f"rank{r}" / "startup.json").read_text()) for r in range(a.nproc)]

@@ -149,3 +149,21 @@ def test_single_and_multinode_dry_runs_and_checks():
         assert r.returncode == 2 and why in r.stderr, (env, r.stderr)
     r = _dry("run.sh", "--dry-run", NPROC="x")
     assert r.returncode == 2 and "NPROC must be a positive integer" in r.stderr
+
+
+def test_backend_auto_picks_nccl_only_with_one_gpu_per_local_rank(monkeypatch):
+    """No GPU here: torch.cuda is stubbed; this checks the selection rule, not NCCL itself."""
+    import pytest
+
+    from geodml.runtime import resolve_backend
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert resolve_backend("auto", 4) == "gloo"
+    with pytest.raises(ValueError, match="needs CUDA"):
+        resolve_backend("nccl", 1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert [resolve_backend("auto", n) for n in (1, 4, 5)] == ["nccl", "nccl", "gloo"]
+    assert resolve_backend("nccl", 4) == "nccl" and resolve_backend("gloo", 2) == "gloo"
+    with pytest.raises(ValueError, match="runs 5 ranks and sees 4 GPU"):
+        resolve_backend("nccl", 5)
