@@ -8,8 +8,9 @@ own counter ``geodml/peerwatch/<restart>/hb/<rank>`` in the store and reads ever
 (``--peer-timeout-s``), and that has not said it finished, is *lost*: the watching rank prints
 ``geodml: error: rank K lost: ...`` and leaves with :data:`PEER_LOST_EXIT` through
 ``os._exit`` -- the main thread may be stuck inside a C++ collective that no Python exception
-can interrupt. A peer that fails with an exception marks itself ``failed`` and the others exit
-at their next check, naming it. If the store itself stops answering (it lives in rank 0's
+can interrupt. Before leaving it marks the peer ``lost`` in the store, so the other survivors
+stop at their next check naming the same rank. A peer that fails with an exception marks itself
+``failed`` and the others exit at their next check, naming it. If the store itself stops answering (it lives in rank 0's
 process when there is no torchrun agent), the silence counts from the last good read and
 the verdict names rank 0 (or the store's address under a torchrun agent store).
 
@@ -100,10 +101,13 @@ class PeerWatch:
             now = time.monotonic()
             try:
                 self.store.add(self._key("hb", self.rank), 1)
-                verdict = None
+                verdict = lost = None
                 for r in peers:
                     if self.store.add(self._key("failed", r), 0):
-                        verdict = f"rank {r} lost: it failed and stopped"
+                        verdict, lost = f"rank {r} lost: it failed and stopped", r
+                        break
+                    if self.store.add(self._key("lost", r), 0):   # another rank already declared it
+                        verdict, lost = f"rank {r} lost: no heartbeat (declared by a peer, --peer-timeout-s {self.timeout_s:g})", r
                         break
                     if self.store.add(self._key("done", r), 0):
                         changed[r] = now
@@ -112,13 +116,22 @@ class PeerWatch:
                     if v != last[r]:
                         last[r], changed[r] = v, now
                     elif now - changed[r] > self.timeout_s:
-                        verdict = (f"rank {r} lost: no heartbeat for {now - changed[r]:.1f} s "
-                                   f"(--peer-timeout-s {self.timeout_s:g})")
+                        verdict, lost = (f"rank {r} lost: no heartbeat for {now - changed[r]:.1f} s "
+                                         f"(--peer-timeout-s {self.timeout_s:g})"), r
                         break
                 last_good = now
+                if lost is not None:
+                    self.store.add(self._key("lost", lost), 1)  # the others stop at once, naming the same rank
             except Exception as exc:  # noqa: BLE001 -- the store's own error types vary
                 verdict = None
-                if now - last_good > self.timeout_s:
+                # A peer already silent when the store went away (e.g. rank 0, hosting the store, exited
+                # because it saw that peer die) is the root cause: name it once its silence passes the timeout.
+                silent = [r for r in peers if last_good - changed[r] > 2 * self.interval_s]
+                worst = min(silent, key=lambda r: changed[r]) if silent else None
+                if worst is not None and now - changed[worst] > self.timeout_s:
+                    verdict = (f"rank {worst} lost: no heartbeat for {now - changed[worst]:.1f} s "
+                               f"(--peer-timeout-s {self.timeout_s:g}; the store then stopped answering)")
+                elif now - last_good > self.timeout_s:
                     who = "rank 0" if self.store_on_rank0 else f"the torch.distributed store at {self.store_name}"
                     verdict = (f"{who} lost: the store stopped answering for {now - last_good:.1f} s "
                                f"(--peer-timeout-s {self.timeout_s:g}; {type(exc).__name__})")

@@ -51,6 +51,7 @@ def test_dead_rank_stops_every_other_rank_naming_it(tmp_path, algo):
         took = time.monotonic() - died_at
         alive = [r for r, p in enumerate(procs) if p.poll() is None]
         assert not alive, f"ranks {alive} still running {took:.1f} s after rank {victim} died"
+        print(f"{algo}: every other rank gone {took:.2f} s after rank {victim} died (--peer-timeout-s {PEER_TIMEOUT_S:g})")
     finally:
         _kill(procs)
     for r in range(k):
