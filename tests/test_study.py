@@ -196,3 +196,9 @@ def test_quick_noniid_study_runs_and_resumes(tmp_path, capsys):
     capsys.readouterr()
     assert paper.noniid(argv, launcher=no_launch) == 0
     assert capsys.readouterr().out.count("] reused ") == 4
+
+
+def test_progress_eta():
+    assert runner.eta_text([60.0, 120.0], 4, 1) == ", 4 left, ~6 min to go"  # mean 90 s x 4 runs
+    assert runner.eta_text([60.0, 120.0], 3, 2) == ", 3 left, ~3 min to go"  # 2 at a time: ceil(3/2) = 2 rounds
+    assert runner.eta_text([60.0], 0, 1) == "" and runner.eta_text([], 2, 1) == ""

@@ -24,6 +24,7 @@ A study (the Oracle baseline of §7.3, later the whole-paper study runner) is a 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -233,6 +234,14 @@ def _indent(text: str) -> str:
     return "\n".join("    " + line for line in text.splitlines())
 
 
+def eta_text(durations: list[float], remaining: int, jobs: int) -> str:
+    """', N left, ~M min to go' from the mean duration of the runs finished so far (empty when none is left)."""
+    if remaining <= 0 or not durations:
+        return ""
+    mean_s = sum(durations) / len(durations)
+    return f", {remaining} left, ~{mean_s * math.ceil(remaining / jobs) / 60:.0f} min to go"
+
+
 def run_all(specs: list[RunSpec], *, jobs: int = 1, timeout_s: float = 1800.0, launcher: Launcher = torchrun_launcher,
             log: Callable[[str], None] = print, poll_s: float = 0.2, grace_s: float = 10.0) -> list[RunResult]:
     """Run every spec (reusing finished ones), ``jobs`` at a time; results in spec order.
@@ -253,6 +262,7 @@ def run_all(specs: list[RunSpec], *, jobs: int = 1, timeout_s: float = 1800.0, l
         else:
             pending.append(i)
     live: list[_Live] = []
+    durations: list[float] = []  # of the runs finished in this invocation, for the ETA
     try:
         while pending or live:
             while pending and len(live) < jobs:
@@ -273,8 +283,10 @@ def run_all(specs: list[RunSpec], *, jobs: int = 1, timeout_s: float = 1800.0, l
                 live.remove(lv)
                 res = results[lv.index] = _finish(lv, timed_out=timed_out)
                 word = "done" if res.succeeded else res.status.upper()
+                durations.append(res.elapsed_s)
                 log(f"[{lv.index + 1}/{n}] {word} {lv.spec.run_id} in {res.elapsed_s:.1f} s "
-                    f"(study time {time.monotonic() - t0:.1f} s): {describe(res)}")
+                    f"(study time {time.monotonic() - t0:.1f} s{eta_text(durations, len(pending) + len(live), jobs)}): "
+                    f"{describe(res)}")
     except BaseException:
         for lv in live:
             log(f"stopping {lv.spec.run_id} (pid {lv.proc.pid})")
