@@ -202,3 +202,33 @@ def test_progress_eta():
     assert runner.eta_text([60.0, 120.0], 4, 1) == ", 4 left, ~6 min to go"  # mean 90 s x 4 runs
     assert runner.eta_text([60.0, 120.0], 3, 2) == ", 3 left, ~3 min to go"  # 2 at a time: ceil(3/2) = 2 rounds
     assert runner.eta_text([60.0], 0, 1) == "" and runner.eta_text([], 2, 1) == ""
+
+
+def test_skewscout_report_from_reused_runs(tmp_path, capsys):
+    """Figure 8 table: per level the Oracle (cheapest T0 within tolerance) and SkewScout savings over BSP."""
+    argv = ["--budget", "quick", "--steps", "8", "--out", str(tmp_path / "s")]
+    args = paper.parse_args("skewscout", argv)
+    per_level, _ = skewscout.plan(args, paper.make_budget(args))
+    acc = {"bsp-iid": (0.90, 1000), "bsp-label-0.2": (0.90, 1000), "label-0.2-gaia-t0-0.05": (0.895, 100),
+           "label-0.2-gaia-t0-0.5": (0.89, 20), "label-0.2-gaia-skewscout-t0-0.2": (0.891, 40),
+           "bsp-label-1": (0.88, 1000), "label-1-gaia-t0-0.05": (0.895, 250), "label-1-gaia-t0-0.5": (0.30, 10),
+           "label-1-gaia-skewscout-t0-0.2": (0.70, 50)}
+    for ps in per_level.values():
+        for p in ps:
+            if not p.spec.out.exists():
+                p.spec.out.mkdir(parents=True)
+                (p.spec.out / "launch.json").write_text(json.dumps(runner.launch_record(p.spec)))
+                a, b = acc[p.spec.run_id]
+                (p.spec.out / "summary.json").write_text(json.dumps(
+                    {"final_val_accuracy": a, "wan_bytes_total": b, "theta_final": 0.1, "theta_trajectory": []}))
+    assert skewscout.main(argv, launcher=no_launch) == 0
+    assert capsys.readouterr().out.count("] reused ") == 9
+    rep = json.loads((tmp_path / "s" / "skewscout.json").read_text())
+    lv = {r["skew"]: r for r in rep["levels"]}
+    assert lv[0.2]["oracle_t0"] == 0.5 and lv[0.2]["oracle_savings"] == 50.0  # 0.89 >= 0.90 - 0.01; 1000 / 20
+    assert lv[0.2]["skewscout_savings"] == 25.0 and lv[0.2]["skewscout_meets_target"] is True
+    assert lv[1.0]["oracle_t0"] == 0.05 and lv[1.0]["oracle_savings"] == 4.0  # T0=0.5 misses the target
+    assert lv[1.0]["skewscout_savings"] == 20.0 and lv[1.0]["skewscout_meets_target"] is False
+    md = (tmp_path / "s" / "skewscout.md").read_text()
+    assert "| 100% | 0.9000 | 0.8800 | 0.05 | 0.8950 | 4.0x | 0.2 -> 0.1 | 0.7000 | 20.0x | no |" in md
+    assert (tmp_path / "s" / "levels" / "label-1.md").exists() and (tmp_path / "s" / "savings.png").exists()
