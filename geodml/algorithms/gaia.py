@@ -54,6 +54,12 @@ class Gaia(Algorithm):
         self.recv_idx = torch.empty(n, dtype=torch.int64, device=dev)
         self.recv_vals = torch.empty(n, dtype=torch.float32, device=dev)
         self.recv_idx32 = torch.empty(n, dtype=torch.int32, device=dev)
+        # On CPU the selection runs on NumPy views of these buffers: np.flatnonzero is 3-60x
+        # faster than torch.nonzero on one thread (60x at 50% significant; docs/performance.md).
+        self._np = None
+        if dev.type == "cpu":
+            self._np = tuple(t.numpy() for t in (self.v, self.flat.data, self.abs_v, self.bound, self.mask,
+                                                 self.vals, self.idx32))
         # statistics
         self.sent_entries = 0
         self.sent_dense = False
@@ -89,6 +95,8 @@ class Gaia(Algorithm):
     def select(self, threshold: float) -> tuple[int, bool]:
         """Lines 9-11: mark |v| > T*|w|, move the significant entries into the send buffers
         and clear them from v. Returns (number of significant entries, dense?)."""
+        if self._np is not None:
+            return self._select_numpy(threshold)
         torch.abs(self.v, out=self.abs_v)
         torch.abs(self.flat.data, out=self.bound)
         self.bound.mul_(threshold)
@@ -106,6 +114,28 @@ class Gaia(Algorithm):
             self.idx32.resize_(n).copy_(idx)
         if n:
             self.v.index_fill_(0, idx, 0.0)
+        return n, dense
+
+    def _select_numpy(self, threshold: float) -> tuple[int, bool]:
+        """``select`` on NumPy views (CPU): the same float32 operations, so the same result.
+        Counting first lets the dense case skip the index list entirely."""
+        v, w, abs_v, bound, mask, vals, idx32 = self._np
+        np.abs(w, out=bound)
+        np.multiply(bound, threshold, out=bound)   # float32 T*|w|, as torch computes it
+        np.abs(v, out=abs_v)
+        np.greater(abs_v, bound, out=mask)
+        n = int(np.count_nonzero(mask))
+        dense = 2 * n > self.flat.numel  # 8 B per sparse entry vs 4 B per dense parameter
+        if dense:
+            np.multiply(v, mask, out=vals)
+            np.copyto(v, 0.0, where=mask)
+        elif n:
+            idx = np.flatnonzero(mask)             # allocates n int64: O(significant), not O(N)
+            np.take(v, idx, out=vals[:n])
+            idx32[:n] = idx
+            v[idx] = 0.0
+            self.vals.resize_(n)                   # within capacity: same storage, no allocation
+            self.idx32.resize_(n)
         return n, dense
 
     def after_step(self, step: int, lr: float) -> None:
