@@ -13,7 +13,11 @@ def test_transport_benchmark_runs_and_reports(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "1 MB sparse update" in r.stdout and "8 B round trip" in r.stdout and "Mbit/s" in r.stdout
     res = json.loads(out.read_text())
-    assert set(res["throughput_bytes_per_s"]) == {"geodml", "geodml-nowait", "raw", "raw-tracked", "raw-copy"}
+    assert set(res["throughput_bytes_per_s"]) == {"geodml", "geodml-nowait", "geodml-noauth", "geodml-nowait-noauth",
+                                                  "raw", "raw-tracked", "raw-copy"}
+    assert set(res["round_trip_s"]) == {"geodml", "geodml-noauth", "raw"}
+    assert set(res["auth_throughput_cost"]) == {"geodml", "geodml-nowait"}
+    assert "--wire-auth off" in r.stdout
     assert set(res["send_ratio_to_raw_same_guarantee"]) == {"raw-tracked", "raw-copy"}
     assert [p["rate_mbps"] for p in res["pacing"]] == [10, 100]
     for p in res["pacing"]:

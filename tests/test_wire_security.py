@@ -35,7 +35,13 @@ def _frames(key: bytes | None, *, kind="update", step=0, src=0, dst=1, seq=0, ar
     if key is not None:
         digest = hashlib.sha256(b"".join(a.tobytes() for a in arrays)).digest()
         tag = hashlib.blake2b(head + envelope + digest, key=key, digest_size=32).digest()
-    return [envelope, *[a.tobytes() for a in arrays], head + tag]
+    return [envelope + head + tag, *[a.tobytes() for a in arrays]]
+
+
+def _reseq(frames, seq):
+    """``frames`` with the sequence number in the trailer (end of frame 0) replaced."""
+    f0 = frames[0]
+    return [f0[:-44] + struct.pack(">Q", seq) + f0[-36:], *frames[1:]]
 
 
 def _drain(t, total: int, timeout_s: float = 10.0) -> None:
@@ -74,7 +80,7 @@ def test_hostile_socket_each_bad_message_dropped_and_counted(pair):
 
     bad = {
         "malformed": [
-            [b"hello"],                                                     # one frame, no trailer
+            [b"hello"],                                                     # shorter than a trailer
             _frames(key, envelope=b"\xc1\xc1", arrays=[vals], seq=10),      # not msgpack (valid tag)
             _frames(key, arrays=[vals], descs=[["<f4", [6]], ["<f4", [1]]], seq=11),  # 2 described, 1 attached
             _frames(key, arrays=[vals], descs=[["<f4", [7]]], seq=12),      # 24 bytes for 7 floats
@@ -83,7 +89,7 @@ def test_hostile_socket_each_bad_message_dropped_and_counted(pair):
         "unauthenticated": [
             _frames(b"k" * 32, arrays=[vals], seq=20),                      # another secret
             _frames(None, arrays=[vals], seq=21),                           # no tag at all
-            _frames(key, arrays=[vals], seq=22)[:-1] + [struct.pack(">QI", 23, 1) + _frames(key, arrays=[vals], seq=22)[-1][12:]],  # seq changed after tagging
+            _reseq(_frames(key, arrays=[vals], seq=22), 23),               # seq changed after tagging
         ],
         "wrong_type": [
             _frames(key, kind="bogus", arrays=[vals], seq=30),
@@ -133,7 +139,7 @@ def test_wire_auth_off_still_checks_structure_and_sequence(monkeypatch):
         a.send(a.prepare("model", 0, [vals]), [(1, 0.0, None)])
         assert np.array_equal(b.recv(0, "model", 0, timeout_s=5).arrays[0], vals)
         hostile.send_multipart(_frames(None, kind="model", step=0, arrays=[vals], seq=0))   # replay of seq 0
-        hostile.send_multipart([b"\x93garbage", b"x" * 44])                                # not a 6-field list
+        hostile.send_multipart([b"\x93garbage" + b"x" * 44])                               # not a 6-field list
         hostile.send_multipart(_frames(None, kind="model", step=9, arrays=[vals], seq=5))  # no MAC to check: taken
         _drain(b, 2)
         assert b.rejected["replayed"] == 1 and b.rejected["malformed"] == 1
@@ -203,7 +209,7 @@ def test_decoder_fuzz_never_raises_and_accepts_only_intact_messages(monkeypatch)
                 assert (msg is None) == (sum(b.rejected.values()) == before + 1)
                 if msg is not None:
                     accepted += 1
-                    for arr, (dt, shape) in zip(msg.arrays, msgpack.unpackb(frames[0])[5]):
+                    for arr, (dt, shape) in zip(msg.arrays, msgpack.unpackb(frames[0][:-44])[5]):
                         assert arr.dtype == np.dtype(dt) and list(arr.shape) == shape
                     if mode == "on":
                         assert changed is not True, (i, op)  # a modified message never passes the tag

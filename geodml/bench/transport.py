@@ -8,7 +8,9 @@ receives), measured side by side in one run:
    zero-copy frames, ledger) vs raw ``PUSH.send_multipart(copy=False)`` of the same two
    buffers, which returns before ZeroMQ has read them (so the caller may not overwrite them).
    Two geodml rows: ``send()`` returns only once ZeroMQ has released the buffers (safe to
-   overwrite, the default), and ``send(wait=False)`` + one ``flush()`` at the end. Target:
+   overwrite, the default), and ``send(wait=False)`` + one ``flush()`` at the end; each with
+   wire authentication on (the default: SHA-256 of the arrays + keyed BLAKE2b tag, checked by
+   the receiver before anything is parsed) and off (``--wire-auth off``). Target:
    geodml >= 0.8x that plain raw send. Raw pyzmq with ``send()``'s guarantee is measured too,
    as the fair baseline for ``send()``: ``copy=False, track=True`` and waiting on each
    message's tracker, and ``copy=True`` (ZeroMQ copies; the buffers are free at once). Time
@@ -16,7 +18,7 @@ receives), measured side by side in one run:
    interleaved in a fresh random order every round (the same on both processes), each after a
    short pause so that no method inherits the previous one's background work (pyzmq frees
    zero-copy frames in a thread of its own); ratios are medians of the per-round ratios.
-2. Round trip of an 8-byte message (ping-pong), geodml vs raw; median and p99.
+2. Round trip of an 8-byte message (ping-pong), geodml (auth on and off) vs raw; median and p99.
 3. ``--wan real`` pacing at each configured bandwidth (default 1, 10, 100, 1000 Mbit/s, 10 ms
    latency): the sender streams messages worth ``--pacing-seconds`` of link time; the
    receiver computes the achieved rate from the arrival times of messages 2..N (wire bytes,
@@ -152,16 +154,21 @@ def _run(rank: int, store, opts: dict) -> dict:
 
     plain = PeerTransport(rank=rank, world_size=2, store=store, bind_host="127.0.0.1", timeout_s=60,
                           region_of_rank=regions)
+    noauth = PeerTransport(rank=rank, world_size=2, store=store, bind_host="127.0.0.1", timeout_s=60,
+                           region_of_rank=regions, wire_auth="off")
     paced = None  # built after the throughput and round-trip phases, so that it is idle then
     results: dict = {"messages": opts["messages"], "rounds": opts["rounds"]}
     try:
         off = Comm(rank=rank, world_size=2, region_of_rank=regions, topology=topo(100.0, 0.0), wan="off",
                    transport=plain)
+        off_noauth = Comm(rank=rank, world_size=2, region_of_rank=regions, topology=topo(100.0, 0.0), wan="off",
+                          transport=noauth)
+        comms = {"geodml": off, "geodml-nowait": off, "geodml-noauth": off_noauth, "geodml-nowait-noauth": off_noauth}
         idx = np.arange(SPARSE_ELEMENTS, dtype=np.int32)
         val = np.random.default_rng(0).random(SPARSE_ELEMENTS, dtype=np.float32)
         payload = idx.nbytes + val.nbytes
         n = opts["messages"]
-        methods = ("geodml", "geodml-nowait", "raw", "raw-tracked", "raw-copy")
+        methods = ("geodml", "geodml-nowait", "geodml-noauth", "geodml-nowait-noauth", "raw", "raw-tracked", "raw-copy")
         tput: dict[str, list[float]] = {m: [] for m in methods}
         step = 0
         ack = np.zeros(1, dtype=np.int64)
@@ -185,11 +192,12 @@ def _run(rank: int, store, opts: dict) -> dict:
                             raw_push.send_multipart([idx, val], copy=True)
                         _recv_or_fail(raw_pull)
                     else:
-                        wait = method == "geodml"
+                        c = comms[method]
+                        wait = "nowait" not in method
                         for i in range(n):
-                            off.send(1, "update", [idx, val], step=step + i, wait=wait)
-                        off.flush()
-                        off.recv(1, "control", step=step)
+                            c.send(1, "update", [idx, val], step=step + i, wait=wait)
+                        c.flush()
+                        c.recv(1, "control", step=step)
                     tput[method].append(n * payload / (time.perf_counter() - t0))
                 else:
                     if method.startswith("raw"):
@@ -198,10 +206,11 @@ def _run(rank: int, store, opts: dict) -> dict:
                         assert len(got[0].buffer) == idx.nbytes
                         raw_push.send(b"ack")
                     else:
+                        c = comms[method]
                         for i in range(n):
-                            got = off.recv(0, "update", step=step + i)
+                            got = c.recv(0, "update", step=step + i)
                         assert got[0][-1] == SPARSE_ELEMENTS - 1 and got[1].dtype == np.float32
-                        off.send(0, "control", [ack], step=step)
+                        c.send(0, "control", [ack], step=step)
                 step += n
         if rank == 0:
             results["throughput_bytes_per_s"] = {m: statistics.median(v) for m, v in tput.items()}
@@ -215,26 +224,32 @@ def _run(rank: int, store, opts: dict) -> dict:
             # geodml send() against raw pyzmq with the same guarantee (buffers free on return).
             results["send_ratio_to_raw_same_guarantee"] = {
                 m: statistics.median(a / b for a, b in zip(tput["geodml"], tput[m])) for m in ("raw-tracked", "raw-copy")}
+            results["send_ratio_to_raw_same_guarantee_noauth"] = {
+                m: statistics.median(a / b for a, b in zip(tput["geodml-noauth"], tput[m]))
+                for m in ("raw-tracked", "raw-copy")}
+            results["auth_throughput_cost"] = {  # auth on / auth off, per round
+                m: statistics.median(a / b for a, b in zip(tput[m], tput[m + "-noauth"]))
+                for m in ("geodml", "geodml-nowait")}
 
         # Small-message round trip.
         m = opts["round_trips"]
         ping = np.zeros(1, dtype=np.int64)
-        rtt = {"geodml": [], "raw": []}
-        for method in ("geodml", "raw"):
+        rtt = {"geodml": [], "geodml-noauth": [], "raw": []}
+        for method in ("geodml", "geodml-noauth", "raw"):
             sync()
             for i in range(m):
                 if rank == 0:
                     t0 = time.perf_counter()
-                    if method == "geodml":
-                        off.send(1, "control", [ping], step=step + i)
-                        off.recv(1, "control", step=step + i)
+                    if method != "raw":
+                        comms[method].send(1, "control", [ping], step=step + i)
+                        comms[method].recv(1, "control", step=step + i)
                     else:
                         raw_push.send(ping, copy=True)
                         _recv_or_fail(raw_pull)
                     rtt[method].append(time.perf_counter() - t0)
-                elif method == "geodml":
-                    got = off.recv(0, "control", step=step + i)
-                    off.send(0, "control", [got[0]], step=step + i)
+                elif method != "raw":
+                    got = comms[method].recv(0, "control", step=step + i)
+                    comms[method].send(0, "control", [got[0]], step=step + i)
                 else:
                     got = _recv_or_fail(raw_pull)
                     raw_push.send(got[0])
@@ -310,6 +325,7 @@ def _run(rank: int, store, opts: dict) -> dict:
             results["raw_isolated_one_way_ms"] = json.loads(store.get("bench/one_way"))
     finally:
         plain.close()
+        noauth.close()
         if paced is not None:
             paced.close()
         raw_push.close(linger=1000)
@@ -332,7 +348,9 @@ def format_table(r: dict) -> str:
         f"{'measurement':50s} {'geodml':>12s} {'raw pyzmq':>12s} {'ratio':>7s}  target",
     ]
     for m, label in (("geodml", "1 MB sparse update, send() (buffers free on return)"),
-                     ("geodml-nowait", "1 MB sparse update, send(wait=False) + flush()")):
+                     ("geodml-nowait", "1 MB sparse update, send(wait=False) + flush()"),
+                     ("geodml-noauth", "  the same, --wire-auth off: send()"),
+                     ("geodml-nowait-noauth", "  the same, --wire-auth off: send(wait=False)")):
         ok = "ok" if ratio[m] >= 0.8 else "MISSED"
         q = r.get("throughput_ratio_to_raw_quartiles", {}).get(m)
         spread = f"  (rounds' quartiles {q[0]:.2f}-{q[1]:.2f})" if q else ""
@@ -343,12 +361,19 @@ def format_table(r: dict) -> str:
         lines.append("  raw pyzmq with send()'s guarantee (its ratio: to the plain raw send; last: geodml send() / it)")
         for m, label in (("raw-tracked", "  copy=False, track=True, wait each message"),
                          ("raw-copy", "  copy=True (ZeroMQ copies the buffers)")):
+            same_off = r.get("send_ratio_to_raw_same_guarantee_noauth", {})
             lines.append(f"{label:50s} {'':>12s} {tp[m] / 1e9:>7.2f} GB/s {ratio[m]:>6.2f}x  "
-                         f"send() {same[m]:.2f}x of it")
+                         f"send() {same[m]:.2f}x of it" + (f" ({same_off[m]:.2f}x auth off)" if m in same_off else ""))
+    cost = r.get("auth_throughput_cost")
+    if cost:
+        lines.append(f"  authentication keeps {cost['geodml']:.2f}x (send()) / {cost['geodml-nowait']:.2f}x "
+                     f"(wait=False) of the --wire-auth off throughput")
     rt = r["round_trip_s"]
-    for stat in ("median", "p99"):
-        a, b = rt["geodml"][stat] * 1e6, rt["raw"][stat] * 1e6
-        lines.append(f"{'8 B round trip, ' + stat:50s} {a:>10.0f} us {b:>9.0f} us {a / b:>6.2f}x")
+    for m in ("geodml", "geodml-noauth"):
+        for stat in ("median", "p99"):
+            a, b = rt[m][stat] * 1e6, rt["raw"][stat] * 1e6
+            what = "8 B round trip, " + stat + (", --wire-auth off" if m.endswith("noauth") else "")
+            lines.append(f"{what:50s} {a:>10.0f} us {b:>9.0f} us {a / b:>6.2f}x")
     lines += ["", f"--wan real pacing (one-way latency {r['pacing'][0]['latency_ms']:g} ms)" if r["pacing"] else "",
               f"{'configured':>12s} {'achieved':>14s} {'ratio':>8s} {'messages':>14s}  {'latency error median / p99':>28s}"]
     for p in r["pacing"]:

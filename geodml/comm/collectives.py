@@ -57,6 +57,7 @@ from geodml.comm.transport import CommError, PeerTransport, as_array
 from geodml.comm.wan import EmulatedClock, TokenBucket, Topology, WanLink
 
 WAN_MODES = ("off", "virtual", "real")
+_KIND_SET = frozenset(KINDS)
 
 
 def ring_chunk_sizes(numel: int, world_size: int) -> list[int]:
@@ -238,7 +239,9 @@ class Comm:
         once. ``wait=False`` returns immediately (streaming many messages); the tensors must
         then stay untouched until :meth:`flush` (or :meth:`close`) returns.
         """
-        self._check_rank(dst, "dst")
+        if type(dst) is not int or dst == self.rank or not 0 <= dst < self.world_size:  # hot path: one test
+            self._check_rank(dst, "dst")
+            dst = int(dst)
         self._post(self._prepare(kind, tensors, step), [dst], wait)
 
     def send_to_all(self, kind: str, tensors: Sequence[torch.Tensor | np.ndarray], *, step: int,
@@ -338,13 +341,26 @@ class Comm:
                 time.sleep(left)
 
     def _prepare(self, kind: str, tensors: Sequence[torch.Tensor | np.ndarray], step: int):
-        self._check_kind(kind)
+        # Per message, so each check is one cheap test first (profiled: ~18 us of Python per send).
+        if kind not in _KIND_SET:
+            self._check_kind(kind)
+        if type(step) is not int:
+            step = self._check_step(step)
         if isinstance(tensors, (torch.Tensor, np.ndarray)):
             raise TypeError("tensors must be a sequence of tensors/arrays (wrap a single one in a list)")
-        return self._need_transport().prepare(kind, self._check_step(step), [as_array(t) for t in tensors])
+        # numpy arrays that are already C-contiguous go as they are (prepare() checks their dtype)
+        arrays = [t if type(t) is np.ndarray and t.flags.c_contiguous else as_array(t) for t in tensors]
+        return self._need_transport().prepare(kind, step, arrays)
 
     def _post(self, out, dsts: list[int], wait: bool = True) -> None:
         transport = self._need_transport()
+        if not self._timed:  # --wan off: nothing to model, only bytes to charge
+            transport.send(out, [(d, 0.0, None) for d in dsts], wait=wait)
+            if out.payloads:  # markers are not charged (module docstring)
+                charge, kind, nbytes = self.ledger.charge, out.kind, out.nbytes
+                for d in dsts:
+                    charge(d, kind, nbytes)
+            return
         wall_now = time.monotonic() if self.wan == "real" else 0.0
         targets, link_s = [], []
         marker = not out.payloads  # lock-step marker: see the module docstring

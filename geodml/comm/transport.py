@@ -17,8 +17,9 @@ process built, identically on every rank) and reads its peers' addresses from th
 
 Messages. A multipart ZeroMQ message: frame 0 is a msgpack envelope
 ``[1, kind, step, src, arrival_s, [[dtype.str, shape], ...]]`` (``arrival_s`` is always a
-float64, so the envelope size does not depend on it), then one frame per array holding its
-raw bytes, then a 44-byte security trailer (see Wire security). The ledger charges envelope +
+float64, so the envelope size does not depend on it) followed in the same frame by a 44-byte
+security trailer (see Wire security; one frame less to send), then one frame per array
+holding its raw bytes. The ledger charges envelope +
 arrays (the emulated system's message); the trailer, like ZeroMQ's and TCP's framing, is the
 emulator's own transport overhead and is not charged, so byte counts do not depend on
 ``--wire-auth``. Arrays of 64 KiB or more are handed to ZeroMQ without copying (``zmq.Frame`` over
@@ -408,30 +409,23 @@ class PeerTransport:
         private copy at ``time.monotonic() == release_at`` (the caller's arrays are free at once).
         """
         self._check_open()
-        now_targets = []
-        owned = None
-        for dst, arrival_s, release_at in targets:
-            if release_at is None:
-                now_targets.append((dst, arrival_s))
-                continue
-            assert self.pacer is not None, "paced send needs a transport built with paced=True"
-            if owned is None:  # one private copy, shared by every paced destination (never written)
-                owned = [p.copy() for p in out.payloads]
-            self.pacer.submit(release_at, _PacedSend(self, dst, [out.envelope(arrival_s), *owned], out.kind,
-                                                     out.step, out.nbytes, out.digest))
-        if not now_targets:
-            return
         if self.pacer is not None:
             # One thread per socket: the pacer sends everything (also unpaced messages such as
-            # markers), so sequence numbers are assigned in wire order.
+            # markers, released now), so sequence numbers are assigned in wire order.
             now = time.monotonic()
-            self.send(out, [(d, a, now) for d, a in now_targets], wait=wait)
+            owned = [p.copy() for p in out.payloads]  # one private copy for every destination (never written)
+            for dst, arrival_s, release_at in targets:
+                self.pacer.submit(now if release_at is None else release_at,
+                                  _PacedSend(self, dst, [out.envelope(arrival_s), *owned], out.kind, out.step,
+                                             out.nbytes, out.digest))
             return
+        now_targets = targets
         parts, view = _parts(out.payloads, shared=len(now_targets) > 1, wait=wait)
-        for dst, arrival_s in now_targets:
+        for dst, arrival_s, release_at in now_targets:
+            assert release_at is None, "paced send needs a transport built with paced=True"
             envelope = out.envelope(arrival_s)
             try:
-                _send_parts(self._push[dst], envelope, parts, self._trailer(envelope, out.digest, dst))
+                _send_parts(self._push[dst], envelope + self._trailer(envelope, out.digest, dst), parts)
             except zmq.Again:
                 raise CommTimeoutError(
                     f"rank {self.rank}: {self.describe(dst)} did not accept the {out.kind!r} message for step "
@@ -444,13 +438,13 @@ class PeerTransport:
         del parts, view
         if wait:
             if not released[0].acquire(timeout=self.timeout_s):
-                raise CommTimeoutError(self._not_taken(out, [d for d, _ in now_targets], f"{self.timeout_s:g} s"))
+                raise CommTimeoutError(self._not_taken(out, [t[0] for t in now_targets], f"{self.timeout_s:g} s"))
         else:
             # ZeroMQ releases messages in order: drop the finished ones from the front.
             in_flight = self._in_flight
             while in_flight and not in_flight[0][0][0].locked():
                 in_flight.popleft()
-            in_flight.append((released, out, [d for d, _ in now_targets]))
+            in_flight.append((released, out, [t[0] for t in now_targets]))
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Wait until ZeroMQ has released the arrays of every ``send(wait=False)`` so far."""
@@ -550,7 +544,7 @@ class PeerTransport:
                 total += len(f)
                 if not over:
                     frames.append(f)
-                    if len(frames) > MAX_ARRAYS + 2 or total > limit:
+                    if len(frames) > MAX_ARRAYS + 1 or total > limit:
                         over, frames = True, []  # drain the remaining parts, keep none
             if over:
                 self._reject("oversized", f"{total} B in its frames (limit {limit} B)" if total > limit
@@ -584,15 +578,15 @@ class PeerTransport:
         return None
 
     def _check(self, frames: list) -> Incoming:
-        if len(frames) < 2 or len(frames[-1]) != TRAILER_BYTES:
-            raise _Rejected("malformed", f"{len(frames)} frames, no {TRAILER_BYTES}-byte trailer")
-        trailer = frames[-1].bytes
-        env = frames[0].bytes
-        if len(env) > MAX_ENVELOPE_BYTES:
-            raise _Rejected("oversized", f"a {len(env)} B envelope")
+        head = frames[0].bytes
+        if len(head) <= TRAILER_BYTES:
+            raise _Rejected("malformed", f"a {len(head)}-byte first frame: no envelope and {TRAILER_BYTES}-byte trailer")
+        if len(head) > MAX_ENVELOPE_BYTES:
+            raise _Rejected("oversized", f"a {len(head)} B envelope")
+        env, trailer = head[:-TRAILER_BYTES], head[-TRAILER_BYTES:]
         if self._mac_key:  # before anything is parsed: unauthenticated bytes never reach msgpack
             h = hashlib.sha256()
-            for f in frames[1:-1]:
+            for f in frames[1:]:
                 h.update(f)
             head = trailer[:_TRAILER.size]
             tag = hashlib.blake2b(head + env + h.digest(), key=self._mac_key, digest_size=TAG_BYTES).digest()
@@ -608,9 +602,9 @@ class PeerTransport:
         version, kind, step, src, arrival_s, descs = fields
         if version != PROTOCOL_VERSION:
             raise _Rejected("malformed", f"protocol version {version!r}, expected {PROTOCOL_VERSION}")
-        if type(descs) is not list or len(descs) != len(frames) - 2:
+        if type(descs) is not list or len(descs) != len(frames) - 1:
             raise _Rejected("malformed", f"{len(descs) if type(descs) is list else 'no'} arrays described, "
-                                         f"{len(frames) - 2} attached")
+                                         f"{len(frames) - 1} attached")
         if type(kind) is not str or kind not in KINDS:
             raise _Rejected("wrong_type", f"kind {kind!r}")
         if type(step) is not int or type(src) is not int or type(arrival_s) is not float:
@@ -696,7 +690,7 @@ class _PacedSend:
     def __call__(self) -> None:
         t = self.transport
         try:  # the trailer is made now, in the one thread that sends on this socket: wire order
-            self.frames.append(t._trailer(self.frames[0], self.digest, self.dst))
+            self.frames[0] += t._trailer(self.frames[0], self.digest, self.dst)
             t._push[self.dst].send_multipart(self.frames, copy=False)
         except zmq.Again:
             raise CommTimeoutError(f"rank {t.rank}: {t.describe(self.dst)} did not accept the paced {self.kind!r} "
@@ -705,12 +699,16 @@ class _PacedSend:
             self.frames = []
 
 
-def _send_parts(sock: zmq.Socket, envelope: bytes, parts: list[tuple[object, bool]], trailer: bytes) -> None:
-    """One message on ``sock``: the envelope, each ``(part, copy)`` (see :func:`_parts`), the trailer."""
-    sock.send(envelope, _SNDMORE)
-    for obj, copy in parts:
+def _send_parts(sock: zmq.Socket, head: bytes, parts: list[tuple[object, bool]]) -> None:
+    """One message on ``sock``: envelope + trailer, then each ``(part, copy)`` (see :func:`_parts`)."""
+    if not parts:
+        sock.send(head)
+        return
+    sock.send(head, _SNDMORE)
+    for obj, copy in parts[:-1]:
         sock.send(obj, _SNDMORE, copy=copy)
-    sock.send(trailer, 0)
+    obj, copy = parts[-1]
+    sock.send(obj, 0, copy=copy)
 
 
 def _parts(payloads: list[np.ndarray], *, shared: bool, wait: bool) -> tuple[list[tuple[object, bool]], object]:
