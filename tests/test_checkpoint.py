@@ -91,8 +91,21 @@ class P2PThreadComm(ThreadComm):
     """ThreadComm plus send_to_all / recv_from_all / broadcast (Gaia, DGC, SkewScout)."""
 
     def send(self, dst, kind, tensors, *, step, wait=True):
-        super().send(dst, kind, [torch.as_tensor(np.asarray(t)) if isinstance(t, np.ndarray) else t for t in tensors],
-                     step=step)
+        """Like the real transport: several messages with one (kind, step) arrive in order (SkewScout
+        sends two ``control`` messages at a travel step)."""
+        arrays = [np.array(t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else t, copy=True) for t in tensors]
+        for a in arrays:
+            a.flags.writeable = False
+        self.ledger.charge(dst, kind, sum(a.nbytes for a in arrays))
+        with self.hub.cv:
+            self.hub.mail.setdefault((self.rank, dst, kind, step), []).append(arrays)
+            self.hub.cv.notify_all()
+
+    def recv(self, src, kind, *, step, timeout_s=None):
+        key = (src, self.rank, kind, step)
+        with self.hub.cv:
+            assert self.hub.cv.wait_for(lambda: self.hub.mail.get(key), timeout=60), f"no message {key}"
+            return self.hub.mail[key].pop(0)
 
     def send_to_all(self, kind, tensors, *, step, wait=True):
         for d in range(self.world_size):
