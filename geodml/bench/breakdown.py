@@ -6,8 +6,8 @@ per step over the ranks (and the slowest rank):
 
 * ``batch``: minibatch gather (``algo.batch_indices`` + index_select), ``fwd+bwd``: forward,
   loss and backward (what remains of ``train_step``);
-* ``before_step`` / ``local_update`` / ``after_step``: the algorithm's hooks, with the Comm
-  calls inside them split out: ``send`` (``send_to_all`` / ``send``), ``recv wait``
+* ``before_step`` / ``local_update`` / ``after_step``: the algorithm's hooks, with the
+  selection kernel (Gaia / DGC ``select``) and the Comm calls inside them split out: ``send`` (``send_to_all`` / ``send``), ``recv wait``
   (``recv_from_all`` / ``recv``: mostly waiting for the slowest peer in a lock-step exchange),
   ``collective`` (``all_reduce`` / ``broadcast`` / ``all_gather``);
 * ``log``: the trainer's periodic logging (uncharged meta collectives).
@@ -78,17 +78,30 @@ def _worker(out_json: str, geodml_args: list[str]) -> int:
                      ("recv", "recv wait"), ("all_reduce", "collective"), ("broadcast", "collective"),
                      ("all_gather", "collective")):
         _wrap(Comm, m, phase)
+    from geodml.algorithms.dgc import TopSelector
+    from geodml.algorithms.gaia import Gaia
+    if os.environ.get("GEODML_BENCH_GAIA_TORCH_SELECT") == "1":
+        # the pre-NumPy selection (torch.nonzero), still what non-CPU devices run: for before/after
+        init = Gaia.__init__
+
+        def torch_select_init(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            self._np = None
+        Gaia.__init__ = torch_select_init
+    _wrap(Gaia, "select", "selection")
+    _wrap(TopSelector, "select", "selection")
     _wrap(trainer.Trainer, "train_step", "train_step")
     _wrap(trainer.Trainer, "_log", "log", unless="finish")
     _wrap(trainer.Trainer, "_finish", "finish")
     orig_run = trainer.Trainer.run
 
     def run(self):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         try:
             return orig_run(self)
         finally:
             _T["run"] += time.perf_counter() - t0
+            _T["cpu"] = time.process_time() - c0
             _T["steps"] = self.state.step
             with open(f"{out_json}.{self.rank}", "w") as fh:
                 json.dump(dict(_T), fh)
@@ -103,7 +116,8 @@ def _phases(t: dict[str, float]) -> dict[str, float]:
     # meta collectives of _log go through Comm.meta_*, which are not wrapped: log is exclusive
     return {
         "fwd+bwd+batch": t.get("train_step", 0) - hooks,
-        "algorithm compute": hooks - comm,
+        "selection (gaia/dgc)": t.get("selection", 0),
+        "other algorithm compute": hooks - comm - t.get("selection", 0),
         "send": t.get("send", 0),
         "recv wait": t.get("recv wait", 0),
         "collective": t.get("collective", 0),
@@ -112,7 +126,8 @@ def _phases(t: dict[str, float]) -> dict[str, float]:
     }
 
 
-def measure(algo: str, k: int, steps: int, model: str, extra: list[str]) -> tuple[list[list], float]:
+def measure(algo: str, k: int, steps: int, model: str, extra: list[str],
+            gaia_torch_select: bool = False) -> tuple[list[list], float, float]:
     with tempfile.TemporaryDirectory(prefix="geodml-bench-") as tmp:
         data = write_synthetic_cifar(Path(tmp) / "data", per_batch=1000, test_size=200)
         out_json = str(Path(tmp) / "t.json")
@@ -121,16 +136,19 @@ def measure(algo: str, k: int, steps: int, model: str, extra: list[str]) -> tupl
                 "--log-every", "10", "--steps", str(steps), "--partition", "iid", "--out", str(Path(tmp) / "run"),
                 *extra]
         cmd = torchrun_cmd(k, "-m", "geodml.bench.breakdown", "--worker", out_json, "--", *args)
-        r = subprocess.run(cmd, env=bench_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+        env = dict(bench_env(), GEODML_BENCH_GAIA_TORCH_SELECT="1" if gaia_torch_select else "0")
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
         if r.returncode != 0:
             raise RuntimeError(f"breakdown run failed (exit {r.returncode}):\n{r.stderr[-3000:]}")
-        per_rank = [_phases(json.loads(Path(f"{out_json}.{i}").read_text())) for i in range(k)]
+        raw = [json.loads(Path(f"{out_json}.{i}").read_text()) for i in range(k)]
+        per_rank = [_phases(t) for t in raw]
+        cpu = sum(t["cpu"] for t in raw) / k / steps
     total = sum(sum(p.values()) for p in per_rank) / k
     rows = []
     for phase in per_rank[0]:
         vals = [p[phase] / steps * 1e3 for p in per_rank]
         rows.append([phase, sum(vals) / k, max(vals), sum(vals) / k / (total / steps * 1e3)])
-    return rows, total / steps
+    return rows, total / steps, cpu
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,13 +164,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--model", default="lenet")
     p.add_argument("--quick", action="store_true", help="40 steps")
+    p.add_argument("--gaia-torch-select", action="store_true",
+                   help="run Gaia's torch.nonzero selection (the pre-optimization path) for a before/after")
     p.add_argument("extra", nargs="*", help="extra geodml flags after --, e.g. -- --t0 0.01")
     a = p.parse_args(argv)
     steps = 40 if a.quick else a.steps
-    rows, step_s = measure(a.algo, a.k, steps, a.model, a.extra)
+    rows, step_s, cpu_s = measure(a.algo, a.k, steps, a.model, a.extra, a.gaia_torch_select)
     print(format_table(["phase", "ms/step mean", "ms/step max rank", "share"], rows,
                        title=f"breakdown: {a.algo}, {a.model}, K={a.k}, {steps} steps, --wan off: "
-                             f"{step_s * 1e3:.1f} ms/step wall (mean over ranks, whole run incl. warm-up)"))
+                             f"{step_s * 1e3:.1f} ms/step wall, {cpu_s * 1e3:.1f} ms/step CPU per rank "
+                             f"(means over ranks, whole run incl. warm-up; K x CPU / wall = "
+                             f"{a.k * cpu_s / step_s:.2f} cores busy of 2)"))
     return 0
 
 
