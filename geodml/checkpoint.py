@@ -43,6 +43,7 @@ _NAME = re.compile(r"^ckpt-(\d{8})\.pt$")
 _FINGERPRINT_SECTIONS = ("data", "model", "optim", "algo", "skewscout")
 _FINGERPRINT_TOP = ("seed",)
 _FINGERPRINT_COMM = ("topology", "wan", "wan_scale")
+_NOT_FINGERPRINTED = ("data.data_dir", "data.cache")  # where the same data lives may change between attempts
 
 
 def checkpoint_path(out: Path | str, rank: int, step: int) -> Path:
@@ -63,7 +64,8 @@ def fingerprint(cfg: Any, world_size: int) -> dict[str, Any]:
     fp: dict[str, Any] = {"world_size": world_size}
     for sec in _FINGERPRINT_SECTIONS:
         for k, v in d[sec].items():
-            fp[f"{sec}.{k}"] = list(v) if isinstance(v, tuple) else v
+            if f"{sec}.{k}" not in _NOT_FINGERPRINTED:
+                fp[f"{sec}.{k}"] = list(v) if isinstance(v, tuple) else v
     for k in _FINGERPRINT_TOP:
         fp[k] = d[k]
     for k in _FINGERPRINT_COMM:

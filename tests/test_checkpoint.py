@@ -208,7 +208,7 @@ def _run(cfg, k, out, *, stop_after=None, resume=False):
     return results, step
 
 
-COMMON = ["--dataset", "digits", "--model", "lenet", "--batch-size", "8", "--lr", "0.05", "--lr-milestones", "0.2",
+COMMON = ["--dataset", "digits", "--model", "mlp", "--batch-size", "8", "--lr", "0.05", "--lr-milestones", "0.2",
           "--steps", "20", "--eval-every", "7", "--log-every", "3", "--partition", "label", "--checkpoint-every", "6"]
 CASES = {
     "bsp": ["--algo", "bsp"],
