@@ -3,7 +3,9 @@
 Per call, one process, one thread, at N = 1M and 10M float32 elements:
 
 * ``gaia select``: :meth:`geodml.algorithms.gaia.Gaia.select` (|v| > T |w|, gather the
-  significant entries, clear them from v) with 2% and with 50% of the entries significant.
+  significant entries, clear them from v) with 2% and with 50% of the entries significant;
+  ``gaia select, torch path`` is the same call on torch ops (torch.nonzero; what non-CPU
+  devices run and what CPU ran before issue 12), for a before/after in one invocation.
   It must read v and w: 8 B per element (the writes of the few significant entries are small).
 * ``dgc select``: :meth:`geodml.algorithms.dgc.TopSelector.select` at sparsity 99.9% (sampled
   threshold, candidates |v| >= T). It must read v: 4 B per element.
@@ -68,17 +70,21 @@ def measure(sizes: list[int], repeats: int, stat=statistics.median) -> list[list
         ctx = AlgoContext(rank=0, world_size=1, seed=0, steps_per_epoch=1, total_steps=1, batch_size=1,
                           label_counts=np.ones((1, 2), dtype=np.int64))
         g = Gaia(flat=flat, comm=None, momentum=0.9, ctx=ctx, t0=0.01, lr0=0.1)
+        np_views_cpu = g._np
         for f in GAIA_FRACTIONS:
             v0 = flat.data * 0.01 * torch.rand(n, generator=gen) / (1.0 - f)
-            frac = []
+            for label, np_views in (("gaia select", g._np), ("gaia select, torch path", None)):
+                g._np = np_views  # None: the torch ops (non-CPU devices; CPU before issue 12)
+                frac = []
 
-            def gaia() -> None:
-                frac.append(g.select(0.01)[0] / n)
-            kt, ft = _paired(gaia, floor, repeats, lambda: g.v.copy_(v0))
-            fl = stat(ft)
-            bw = 8 * n / fl
-            rows.append(["gaia select", n, 8, stat(kt) * 1e3, fl * 1e3, bw / 1e9, stat(kt) / (8 * n / bw),
-                         f"{statistics.median(frac):.1%} significant"])
+                def gaia() -> None:
+                    frac.append(g.select(0.01)[0] / n)
+                kt, ft = _paired(gaia, floor, repeats, lambda: g.v.copy_(v0))
+                fl = stat(ft)
+                bw = 8 * n / fl
+                rows.append([label, n, 8, stat(kt) * 1e3, fl * 1e3, bw / 1e9, stat(kt) / (8 * n / bw),
+                             f"{statistics.median(frac):.1%} significant"])
+            g._np = np_views_cpu
             del v0
         # DGC threshold selection on a heavy-tailed |v|.
         v = torch.randn(n, generator=gen) * torch.rand(n, generator=gen) ** 3
