@@ -4,7 +4,8 @@ The training set is fixed (CIFAR-10-shaped, 5,000 images, LeNet, batch 20, ``--w
 an epoch is ``ceil(5000 / (K * 20))`` steps of K ranks: the total compute per epoch is the same
 for every K, and on this 2-core machine the ideal is a flat line. For each K, side by side:
 ``--algo local`` (no communication: the compute and process-count cost) and each algorithm.
-Wall seconds per epoch = seconds per step (rank 0, metrics.jsonl, warm-up window excluded) x
+Wall seconds per epoch = seconds per step (rank 0, metrics.jsonl; each run is --steps + 10 steps,
+the first 10-step log window, the warm-up, excluded) x
 steps per epoch. Ratios: against the same algorithm at the smallest K, and against local at
 the same K.
 """
@@ -31,7 +32,7 @@ def measure(ks: list[int], algos: list[str], steps: int) -> list[list]:
             spe = -(-TRAIN_IMAGES // (k * BATCH))
             per_epoch = {}
             for algo in ["local", *algos]:
-                t = run_geodml(k, algo, steps, Path(tmp), model="lenet", data_dir=data, batch_size=BATCH)
+                t = run_geodml(k, algo, steps + 10, Path(tmp), model="lenet", data_dir=data, batch_size=BATCH)
                 per_epoch[algo] = t.step_s * spe
                 base.setdefault(algo, per_epoch[algo])
             for algo, s in per_epoch.items():
