@@ -106,9 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--skew", type=float, help="--partition label: fraction partitioned by label (default 1.0)")
     g.add_argument("--alpha", type=float, help="--partition dirichlet: concentration (default 0.5)")
     g.add_argument("--shards-per-partition", type=int, help="--partition shards: shards per partition (default 2)")
-    g = p.add_argument_group("model")
     g.add_argument("--data-cache", metavar="DIR", help="decoded dataset shared by the ranks (decode once, map K times): "
                    "auto ($GEODML_DATA_CACHE or ~/.cache/geodml/datasets), off, or DIR (default auto)")
+    g = p.add_argument_group("model")
     g.add_argument("--model", choices=MODELS, help="network (default lenet)")
     g.add_argument("--norm", choices=NORMS, help="normalization: none, batch (BN), group (GN, group size 2) (default none)")
     g = p.add_argument_group("optimization")
