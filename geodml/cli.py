@@ -15,7 +15,7 @@ import tomllib
 from pathlib import Path
 
 from geodml import __version__
-from geodml.config import (ALGOS, BACKENDS, DATASETS, LR_SCHEDULES, MODELS, NORMS, PARTITIONS, SEARCHES, WAN_MODES,
+from geodml.config import (ALGOS, BACKENDS, DEVICES, DATASETS, LR_SCHEDULES, MODELS, NORMS, PARTITIONS, SEARCHES, WAN_MODES,
                            AlgoConfig, CommConfig, DataConfig, ModelConfig, OptimConfig, ReliabilityConfig, RunConfig,
                            SkewScoutConfig)
 
@@ -58,7 +58,7 @@ FIELD_OF: dict[str, tuple[str | None, str]] = {
     "travel_samples": ("skewscout", "travel_samples"), "lambda_al": ("skewscout", "lambda_al"),
     "lambda_c": ("skewscout", "lambda_c"), "sigma_al": ("skewscout", "sigma_al"), "skewscout_search": ("skewscout", "search"),
     "seed": (None, "seed"), "eval_every": (None, "eval_every"), "log_every": (None, "log_every"), "out": (None, "out"),
-    "backend": (None, "backend"), "threads": (None, "threads"), "progress": (None, "progress"),
+    "backend": (None, "backend"), "device": (None, "device"), "threads": (None, "threads"), "progress": (None, "progress"),
     "metrics_port": (None, "metrics_port"), "metrics_host": (None, "metrics_host"),
     "metrics_linger": (None, "metrics_linger_s"),
     "checkpoint_every": ("reliability", "checkpoint_every"), "resume": ("reliability", "resume"),
@@ -135,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--log-every", type=int, help="write a metrics line every N steps (default 10)")
     g.add_argument("--out", help="run directory (default runs/<timestamp>-<algo>)")
     g.add_argument("--backend", choices=BACKENDS, help="torch.distributed backend (default auto: nccl with CUDA, else gloo)")
+    g.add_argument("--device", choices=DEVICES, help="where ranks train (default auto: each rank's GPU with nccl, else "
+                   "the CPU); cuda with --backend gloo lets several ranks share a GPU")
     g.add_argument("--threads", type=int, help="torch threads per rank (default 1)")
     g.add_argument("--no-progress", dest="progress", action="store_false", help="no live progress line")
     g = p.add_argument_group("metrics")

@@ -18,6 +18,7 @@ NORMS = ("none", "batch", "group")
 MODEL_NORMS = {"lenet": ("none", "batch", "group"), "resnet20": ("batch", "group"), "logreg": ("none",), "mlp": ("none",)}
 ALGOS = ("bsp", "gaia", "dgc", "fedavg", "local")
 BACKENDS = ("auto", "gloo", "nccl")
+DEVICES = ("auto", "cpu", "cuda")
 WAN_MODES = ("off", "virtual", "real")
 LR_SCHEDULES = ("step", "poly")
 
@@ -284,6 +285,8 @@ class RunConfig:
     """Run directory; default runs/<timestamp>-<algo>."""
     backend: str = "auto"
     """torch.distributed backend: auto (nccl if CUDA is available, else gloo), gloo, nccl."""
+    device: str = "auto"
+    """Where each rank trains: auto (the GPU with nccl, else the CPU), cpu, or cuda (with gloo: ranks share the GPUs)."""
     threads: int = 1
     """torch intra-op threads per rank (1: two threads per rank collapse under contention)."""
     log_every: int = 10
@@ -302,6 +305,7 @@ class RunConfig:
         _check(isinstance(self.eval_every, int) and self.eval_every >= 1, f"--eval-every must be an integer >= 1, got {self.eval_every!r}")
         _check(isinstance(self.log_every, int) and self.log_every >= 1, f"--log-every must be an integer >= 1, got {self.log_every!r}")
         _check(self.backend in BACKENDS, f"--backend: choose one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        _check(self.device in DEVICES, f"--device: choose one of {', '.join(DEVICES)}, got {self.device!r}")
         _check(isinstance(self.threads, int) and self.threads >= 1, f"--threads must be an integer >= 1, got {self.threads!r}")
         _check(isinstance(self.metrics_port, int) and 0 <= self.metrics_port <= 65535,
                f"--metrics-port must be a TCP port in [1, 65535] (or 0 to disable the exporter), got {self.metrics_port!r}")

@@ -27,7 +27,7 @@ def check_before_start(cfg: RunConfig, env: Env) -> None:
     from geodml.data.datasets import check_dataset_available
     from geodml.runtime import resolve_backend
 
-    resolve_backend(cfg.backend, env.local_world_size)
+    resolve_backend(cfg.backend, env.local_world_size, cfg.device)
     if cfg.skewscout.enabled:
         if cfg.algo.algo not in ("gaia", "fedavg", "dgc"):
             raise ValueError(f"--skewscout tunes a communication knob; --algo {cfg.algo.algo} has none (use gaia, fedavg or dgc)")
@@ -93,14 +93,14 @@ def run(cfg: RunConfig, env: Env) -> dict | None:
     from geodml.data.partition import format_partition_table, make_partitioner, partition_report
     from geodml.metrics.sinks import ConsoleProgress, JsonlSink, MultiSink, Sink
     from geodml.models import build_model, count_parameters
-    from geodml.runtime import (agree_on_out_dir, destroy_process_group, init_process_group, resolve_backend,
+    from geodml.runtime import (agree_on_out_dir, collective_device, destroy_process_group, init_process_group, resolve_backend,
                                 seed_everything)
     from geodml.trainer import Trainer, steps_per_epoch
 
     wall_t0 = time.monotonic()
     startup = _Startup()  # per-rank start-up breakdown -> rank<k>/startup.json (docs/launch.md)
     torch.set_num_threads(cfg.threads)
-    backend = resolve_backend(cfg.backend, env.local_world_size)
+    backend = resolve_backend(cfg.backend, env.local_world_size, cfg.device)
     rank, world = env.rank, env.world_size
     is0 = rank == 0
     comm = None
@@ -108,14 +108,14 @@ def run(cfg: RunConfig, env: Env) -> dict | None:
     watch = None  # peer-failure heartbeats (geodml.peerwatch)
     sink: Sink = Sink()
     try:
-        device = init_process_group(env, backend, cfg.comm.timeout_s)
+        device = init_process_group(env, backend, cfg.comm.timeout_s, cfg.device)
         seed_everything(cfg.seed, rank)
         out = agree_on_out_dir(env, cfg.out, cfg.algo.algo)
         if world > 1 and env.under_torchrun:
             from geodml.peerwatch import PeerWatch
             watch = PeerWatch(rank=rank, world_size=world, timeout_s=cfg.reliability.peer_timeout_s).start()
         startup.lap("process_group_s")
-        comm = build_comm(cfg.comm, rank=rank, world_size=world)
+        comm = build_comm(cfg.comm, rank=rank, world_size=world, device=collective_device(backend))
         startup.lap("zmq_mesh_s")
         if cfg.metrics_port:  # every rank's exporter; rank 0 writes the Prometheus file_sd targets
             from geodml.metrics.prometheus import file_sd_groups, start_rank_exporter
@@ -158,7 +158,7 @@ def run(cfg: RunConfig, env: Env) -> dict | None:
 
         if is0:
             (out / f"rank{rank}").mkdir(parents=True, exist_ok=True)
-            config_doc = {"version": __version__, "world_size": world, "backend": backend, "config": cfg.to_dict(),
+            config_doc = {"version": __version__, "world_size": world, "backend": backend, "device": str(device), "config": cfg.to_dict(),
                           "region_of_rank": comm.region_of_rank, "parameters": count_parameters(model),
                           "steps_per_epoch": spe, "total_steps": total_steps,
                           "topology": getattr(getattr(comm, "topology", None), "to_dict", lambda: None)()}
@@ -166,7 +166,7 @@ def run(cfg: RunConfig, env: Env) -> dict | None:
             _write_json(out / "partitions.json", report)
             print(f"geodml {__version__}: {cfg.algo.algo} on {cfg.data.dataset}, K={world} partitions "
                   f"({cfg.data.partition}), {cfg.model.model}/{cfg.model.norm} with {count_parameters(model):,} "
-                  f"parameters, {total_steps} steps ({spe}/epoch), backend {backend}, wan {cfg.comm.wan}")
+                  f"parameters, {total_steps} steps ({spe}/epoch), backend {backend} on {device}, wan {cfg.comm.wan}")
             print(format_partition_table(report), flush=True)
             sinks: list[Sink] = [JsonlSink(out / "metrics.jsonl")]
             if cfg.progress:

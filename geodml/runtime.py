@@ -44,32 +44,55 @@ class Env:
         return cls(rank, world, local_rank, local_world, True)
 
 
-def resolve_backend(requested: str, local_world_size: int = 1) -> str:
-    """auto -> nccl when CUDA is available with one GPU per local rank (rank i uses cuda:LOCAL_RANK), else gloo.
+def resolve_backend(requested: str, local_world_size: int = 1, device: str = "auto") -> str:
+    """The torch.distributed backend for ``--backend requested --device device`` on a node running
+    ``local_world_size`` ranks.
 
-    nccl without CUDA, or with fewer visible GPUs than ranks on this node, is a user error
-    (ValueError). auto on a GPU host with more ranks than GPUs falls back to gloo on CPU.
+    * ``auto`` -> nccl when CUDA is available with one GPU per local rank (rank i uses
+      cuda:LOCAL_RANK) and ``--device`` is not cpu, else gloo (on a GPU host with more ranks than
+      GPUs, ranks then train on the CPU, or share the GPUs with ``--device cuda``).
+    * nccl without CUDA, with ``--device cpu``, or with fewer visible GPUs than ranks on this
+      node is a user error (ValueError): NCCL refuses two ranks on one GPU.
+    * ``--device cuda`` without CUDA is a user error.
     """
     cuda = torch.cuda.is_available()
     gpus = torch.cuda.device_count() if cuda else 0
+    if device == "cuda" and not cuda:
+        raise ValueError("--device cuda needs CUDA, but torch.cuda.is_available() is False; use --device cpu or auto "
+                         "(or install a CUDA build of torch: README, GPUs)")
     if requested == "auto":
-        return "nccl" if cuda and gpus >= local_world_size else "gloo"
+        return "nccl" if device != "cpu" and cuda and gpus >= local_world_size else "gloo"
+    if requested == "nccl" and device == "cpu":
+        raise ValueError("--backend nccl runs collectives on GPUs; it cannot be combined with --device cpu (use --backend gloo)")
     if requested == "nccl" and not cuda:
         raise ValueError("--backend nccl needs CUDA, but torch.cuda.is_available() is False; use --backend gloo or auto")
     if requested == "nccl" and gpus < local_world_size:
         raise ValueError(f"--backend nccl uses one GPU per rank, but this node runs {local_world_size} ranks and sees "
-                         f"{gpus} GPU(s) (CUDA_VISIBLE_DEVICES); start at most {gpus} ranks per node or use --backend gloo")
+                         f"{gpus} GPU(s) (CUDA_VISIBLE_DEVICES); start at most {gpus} ranks per node, or use "
+                         f"--backend gloo --device cuda to let ranks share the GPUs")
     return requested
 
 
-def init_process_group(env: Env, backend: str, timeout_s: float) -> torch.device:
-    """Create the default process group; return this rank's device."""
-    timeout = datetime.timedelta(seconds=timeout_s)
+def resolve_device(backend: str, device: str, local_rank: int) -> torch.device:
+    """Where this rank's model, data and algorithm buffers live.
+
+    nccl: cuda:LOCAL_RANK. gloo: the CPU, unless ``--device cuda``: then cuda:(LOCAL_RANK mod
+    number of GPUs), so several ranks share a GPU (their collectives go through gloo on host
+    copies; geodml.comm.Comm stages them).
+    """
     if backend == "nccl":
-        device = torch.device("cuda", env.local_rank)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
+        return torch.device("cuda", local_rank)
+    if device == "cuda":
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def init_process_group(env: Env, backend: str, timeout_s: float, device: str = "auto") -> torch.device:
+    """Create the default process group; return this rank's device (:func:`resolve_device`)."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    dev = resolve_device(backend, device, env.local_rank)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if env.under_torchrun and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and restart not in ("", "0"):
         # After a torchrun --max-restarts restart the agent's store still holds the previous attempt's
@@ -81,7 +104,12 @@ def init_process_group(env: Env, backend: str, timeout_s: float) -> torch.device
         dist.init_process_group(backend, rank=env.rank, world_size=env.world_size, timeout=timeout)
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
-    return device
+    return dev
+
+
+def collective_device(backend: str) -> torch.device:
+    """The device torch.distributed's collectives take tensors on: this rank's GPU for nccl, else the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
 
 
 def default_out_dir(algo: str) -> str:

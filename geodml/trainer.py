@@ -127,7 +127,7 @@ class Trainer:
         # Preallocated minibatch buffers (no per-step tensor churn).
         self.xb = torch.empty((optim.batch_size, *train_x.shape[1:]), dtype=train_x.dtype, device=device)
         self.yb = torch.empty(optim.batch_size, dtype=train_y.dtype, device=device)
-        self.idx = torch.empty(optim.batch_size, dtype=torch.int64)
+        self.idx = torch.empty(optim.batch_size, dtype=torch.int64, device=device)
         # Scratch for the averaged global model (swap in, evaluate, swap back).
         self._backup = torch.empty_like(flat.data)
         self._buf_backup = [torch.empty_like(b) for b in flat.float_buffers]

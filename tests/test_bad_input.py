@@ -96,6 +96,8 @@ CASES = [
     ("checkpoint-without-out", lambda t: ["--checkpoint-every", "5", "--out", None], "--checkpoint-every needs a run directory"),
     ("out-is-a-file", lambda t: ["--out", str(t / "run" / "notes.txt")], "exists and is not a directory"),
     ("unknown-flag", lambda t: ["--learning-rate", "0.1"], "unrecognized arguments: --learning-rate"),
+    ("device-unknown", lambda t: ["--device", "gpu"], "--device: invalid choice: 'gpu'"),
+    ("device-nccl-on-cpu", lambda t: ["--backend", "nccl", "--device", "cpu"], "cannot be combined with --device cpu"),
     # TOML config files
     ("toml-missing", lambda t: ["--config", str(t / "nope.toml")], "--config: file not found"),
     ("toml-syntax", lambda t: _toml(t, "lr = = 1\n"), "is not valid TOML"),

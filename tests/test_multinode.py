@@ -167,3 +167,28 @@ def test_backend_auto_picks_nccl_only_with_one_gpu_per_local_rank(monkeypatch):
     assert resolve_backend("nccl", 4) == "nccl" and resolve_backend("gloo", 2) == "gloo"
     with pytest.raises(ValueError, match="runs 5 ranks and sees 4 GPU"):
         resolve_backend("nccl", 5)
+
+
+def test_device_flag_lets_ranks_share_gpus_and_rejects_impossible_pairs(monkeypatch):
+    """--device: cpu keeps auto on gloo; cuda without CUDA or nccl with cpu are errors before start;
+    gloo + cuda places rank i on GPU i mod (number of GPUs). Stubbed torch.cuda (no GPU here; the
+    real runs on an H100 are in docs/launch.md)."""
+    import pytest
+
+    from geodml.runtime import resolve_backend, resolve_device
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(ValueError, match="--device cuda needs CUDA"):
+        resolve_backend("auto", 1, "cuda")
+    assert resolve_backend("auto", 3, "cpu") == "gloo" and resolve_device("gloo", "cpu", 2).type == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_backend("auto", 2, "cpu") == "gloo"            # GPUs there, but the user asked for the CPU
+    assert resolve_backend("auto", 2, "cuda") == "nccl"           # one GPU per rank: NCCL
+    assert resolve_backend("auto", 5, "cuda") == "gloo"           # more ranks than GPUs: they share over gloo
+    with pytest.raises(ValueError, match="cannot be combined with --device cpu"):
+        resolve_backend("nccl", 1, "cpu")
+    with pytest.raises(ValueError, match="--backend gloo --device cuda"):
+        resolve_backend("nccl", 5, "auto")
+    assert [str(resolve_device("gloo", "cuda", r)) for r in range(5)] == ["cuda:0", "cuda:1", "cuda:0", "cuda:1", "cuda:0"]
+    assert str(resolve_device("nccl", "auto", 1)) == "cuda:1" and resolve_device("gloo", "auto", 1).type == "cpu"

@@ -107,8 +107,8 @@ class Gaia(Algorithm):
         idx = self.idx64.view(-1)
         n = idx.numel()
         dense = 2 * n > self.flat.numel  # 8 B per sparse entry vs 4 B per dense parameter
-        if dense:
-            torch.mul(self.v, self.mask, out=self.vals)
+        if dense:  # vals back to full length within its capacity (no reallocation, no resize warning)
+            torch.mul(self.v, self.mask, out=self.vals.resize_(self.flat.numel))
         elif n:
             torch.index_select(self.v, 0, idx, out=self.vals.resize_(n))
             self.idx32.resize_(n).copy_(idx)

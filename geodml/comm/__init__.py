@@ -23,14 +23,16 @@ __all__ = ["Comm", "Ledger", "KINDS", "WAN_MODES", "build_comm", "CommError", "C
            "TopologyError", "WanLink", "load_topology", "default_topology"]
 
 
-def build_comm(cfg: CommConfig, *, rank: int, world_size: int) -> Comm:
+def build_comm(cfg: CommConfig, *, rank: int, world_size: int, device=None) -> Comm:
     """The Comm of this rank, on every rank (collective: all ranks must call it, in the same order).
 
     Loads ``cfg.topology`` and places the ranks (``TopologyError`` if it cannot), then, when
     there is more than one rank, binds this rank's ZeroMQ socket (``cfg.bind_host`` or
     :func:`geodml.comm.transport.default_bind_host`) and exchanges every rank's address through
     the default torch.distributed store. ``cfg.wan`` selects off/virtual/real, ``cfg.wan_scale``
-    scales every bandwidth, ``cfg.timeout_s`` bounds every wait on a peer. Close it with
+    scales every bandwidth, ``cfg.timeout_s`` bounds every wait on a peer. ``device`` is where the
+    process group's collectives take tensors (:func:`geodml.runtime.collective_device`; default
+    the CPU); tensors elsewhere are staged through it. Close it with
     :meth:`Comm.close` (idempotent) before the process group is destroyed.
     """
     import torch.distributed as dist
@@ -47,7 +49,8 @@ def build_comm(cfg: CommConfig, *, rank: int, world_size: int) -> Comm:
                                   wire_auth=cfg.wire_auth, max_message_bytes=int(cfg.max_message_mb * 1024 * 1024))
     try:
         return Comm(rank=rank, world_size=world_size, region_of_rank=regions, topology=topology, wan=cfg.wan,
-                    wan_scale=cfg.wan_scale, transport=transport, timeout_s=cfg.timeout_s)
+                    wan_scale=cfg.wan_scale, transport=transport, timeout_s=cfg.timeout_s,
+                    device=device)
     except BaseException:
         if transport is not None:
             transport.close()

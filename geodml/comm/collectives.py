@@ -38,6 +38,12 @@ its peers so, where a real deployment would send nothing at all. Markers are the
 charged and carry no link time: they arrive at the sender's clock (they still synchronize
 the ranks' clocks, as the lock-step emulation does).
 
+Devices: the process group's collectives take tensors on one device (``device``: the rank's
+GPU under NCCL, the CPU under gloo). A tensor elsewhere (a CPU counter under NCCL, a model on a
+shared GPU under gloo) is copied to that device, reduced there, and copied back, through a
+staging buffer kept per (shape, dtype): results and charges are the same, only a host<->device
+copy is added.
+
 ``meta_*`` collectives are the emulator's own bookkeeping (metric averages, evaluation
 counts, end-of-run totals, the clock synchronization itself); they are not part of the
 emulated system and are never charged.
@@ -122,7 +128,8 @@ class Comm:
 
     def __init__(self, *, rank: int, world_size: int, region_of_rank: Sequence[str],
                  topology: Topology | None = None, wan: str = "off", wan_scale: float = 1.0,
-                 transport: PeerTransport | None = None, timeout_s: float = 60.0) -> None:
+                 transport: PeerTransport | None = None, timeout_s: float = 60.0,
+                 device: torch.device | str | None = None) -> None:
         if wan not in WAN_MODES:
             raise ValueError(f"--wan: choose one of {', '.join(WAN_MODES)}, got {wan!r}")
         if wan != "off" and topology is None:
@@ -149,6 +156,9 @@ class Comm:
         self._clock = EmulatedClock(self._links[rank] if self._links is not None else [None] * k)
         self._wall_buckets = ([TokenBucket(lk.bytes_per_s) if lk is not None else None for lk in self._links[rank]]
                               if wan == "real" else None)
+        self.device = torch.device(device if device is not None else "cpu")
+        """Where the process group's collectives take tensors (others are staged through it)."""
+        self._stage: dict[tuple, torch.Tensor] = {}
         self._closed = False
 
     # ---- model ---------------------------------------------------------------------------
@@ -189,7 +199,7 @@ class Comm:
                 duration = ring_allreduce_duration_s(tensor.numel(), es, ring)
                 link_s = sum(ring[self.rank].transfer_s(n * es) for n in sent)
             self.ledger.charge((self.rank + 1) % k, kind, sum(sent) * es, messages=len(sent), emulated_s=link_s)
-            self._collective(lambda: dist.all_reduce(tensor), duration, tensor.device)
+            self._collective(lambda: self._staged(tensor, dist.all_reduce), duration)
         if average:
             tensor.div_(k)
 
@@ -209,7 +219,7 @@ class Comm:
             for d in others:
                 self.ledger.charge(d, kind, nbytes, messages=1,
                                    emulated_s=self._links[src][d].transfer_s(nbytes) if self._timed else 0.0)
-        self._collective(lambda: dist.broadcast(tensor, src), duration, tensor.device)
+        self._collective(lambda: self._staged(tensor, lambda t: dist.broadcast(t, src)), duration)
 
     def all_gather(self, tensor: torch.Tensor, kind: str) -> list[torch.Tensor]:
         """Every rank's tensor (all of equal shape), in rank order; charged as a ring all-gather."""
@@ -227,7 +237,13 @@ class Comm:
             link_s = (k - 1) * ring[self.rank].transfer_s(nbytes)
         self.ledger.charge((self.rank + 1) % k, kind, (k - 1) * nbytes, messages=k - 1, emulated_s=link_s)
         src = tensor.contiguous()
-        self._collective(lambda: dist.all_gather(out, src), duration, tensor.device)
+        if src.device == self.device:
+            self._collective(lambda: dist.all_gather(out, src), duration)
+            return out
+        staged_out = [torch.empty_like(tensor, device=self.device) for _ in range(k)]
+        self._collective(lambda: dist.all_gather(staged_out, src.to(self.device)), duration)
+        for o, so in zip(out, staged_out):
+            o.copy_(so)
         return out
 
     # ---- charged point-to-point (ZeroMQ) -----------------------------------------------------
@@ -288,12 +304,12 @@ class Comm:
     def meta_all_reduce(self, tensor: torch.Tensor) -> None:
         """Sum over ranks for the emulator's own bookkeeping (never charged)."""
         if self.world_size > 1:
-            dist.all_reduce(tensor)
+            self._staged(tensor, dist.all_reduce)
 
     def meta_broadcast(self, tensor: torch.Tensor, src: int) -> None:
         """In place: ``src``'s tensor on every rank, for the emulator's bookkeeping (never charged)."""
         if self.world_size > 1:
-            dist.broadcast(tensor, src)
+            self._staged(tensor, lambda t: dist.broadcast(t, src))
 
     def meta_all_gather_object(self, obj: object) -> list[object]:
         """Gather a picklable object from every rank (never charged)."""
@@ -324,12 +340,26 @@ class Comm:
         k = self.world_size
         return [self._links[r][(r + 1) % k] for r in range(k)]
 
-    def _collective(self, run: Callable[[], object], duration_s: float, device: torch.device) -> None:
+    def _staged(self, tensor: torch.Tensor, op: Callable[[torch.Tensor], object]) -> None:
+        """Run the in-place collective ``op`` on ``tensor``, through a buffer on ``self.device``
+        when the tensor lives elsewhere (module docstring, Devices)."""
+        if tensor.device == self.device:
+            op(tensor)
+            return
+        key = (tuple(tensor.shape), tensor.dtype)
+        buf = self._stage.get(key)
+        if buf is None:
+            buf = self._stage[key] = torch.empty(tensor.shape, dtype=tensor.dtype, device=self.device)
+        buf.copy_(tensor)
+        op(buf)
+        tensor.copy_(buf)
+
+    def _collective(self, run: Callable[[], object], duration_s: float) -> None:
         if not self._timed:
             run()
             return
         # Synchronous collective: it starts when the last rank arrives (uncharged MAX of clocks).
-        t = torch.tensor([self._clock.now_s], dtype=torch.float64, device=device)
+        t = torch.tensor([self._clock.now_s], dtype=torch.float64, device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         start_s = float(t.item())
         wall0 = time.monotonic()
