@@ -104,3 +104,14 @@ def test_emulated_clock_by_hand():
     assert c.now_s == 0.7
     c.collective(0.9, 0.25)
     assert c.now_s == pytest.approx(1.15)
+
+
+def test_bsp_equivalent_wan_bytes_by_hand():
+    """numel 10, K=3, chunks [4, 3, 3]. Rank 0 sends chunks 0,2 then 1,0 = 14 elements, rank 1
+    sends 1,0,2,1 = 13, rank 2 sends 2,1,0,2 = 13 (40 = 2(K-1) x 10 in all). With regions
+    [a, a, b] the link 0->1 stays in region a, so the WAN carries (13 + 13) x 4 B = 104 B."""
+    from geodml.comm.collectives import ring_allreduce_wan_bytes
+    assert [sum(ring_allreduce_sent_elements(10, 3, r)) for r in range(3)] == [14, 13, 13]
+    assert ring_allreduce_wan_bytes(10, 4, ["a", "a", "b"]) == 104
+    assert ring_allreduce_wan_bytes(10, 4, ["a", "b", "c"]) == 160
+    assert ring_allreduce_wan_bytes(10, 4, ["a", "a", "a"]) == 0 and ring_allreduce_wan_bytes(10, 4, ["a"]) == 0

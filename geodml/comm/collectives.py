@@ -83,6 +83,15 @@ def ring_allreduce_sent_elements(numel: int, world_size: int, rank: int) -> list
     return reduce_scatter + all_gather
 
 
+def ring_allreduce_wan_bytes(numel: int, element_size: int, region_of_rank: Sequence[str]) -> int:
+    """WAN bytes all K ranks together send in one ring all-reduce: what each rank sends to its
+    ring successor (``ring_allreduce_sent_elements``), counted when the two are in different
+    regions. With one region per rank this is 2(K-1) x numel x element_size."""
+    k = len(region_of_rank)
+    return sum(sum(ring_allreduce_sent_elements(numel, k, r)) * element_size for r in range(k)
+               if region_of_rank[r] != region_of_rank[(r + 1) % k])
+
+
 def ring_allreduce_duration_s(numel: int, element_size: int, ring_links: Sequence[WanLink]) -> float:
     """Emulated seconds of a ring all-reduce; ``ring_links[r]`` is the link r -> (r+1) mod K."""
     k = len(ring_links)
