@@ -8,7 +8,9 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=${GEODML_VENV:-.venv}
 STAMP="$VENV/.geodml-installed"
-if [ -f "$STAMP" ] && [ "$STAMP" -nt pyproject.toml ] && "$VENV/bin/python" -c "import geodml, torch, zmq, msgpack, sklearn, pytest" 2>/dev/null; then
+# Up to date: installed after the last change to pyproject.toml and to the C kernels' source.
+if [ -f "$STAMP" ] && [ "$STAMP" -nt pyproject.toml ] && [ "$STAMP" -nt geodml/_kernels.c ] \
+   && "$VENV/bin/python" -c "import geodml, torch, zmq, msgpack, sklearn, pytest" 2>/dev/null; then
   exit 0
 fi
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
@@ -17,6 +19,6 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   echo "bootstrap: installing ${GEODML_TORCH:-torch==2.13.0} into $VENV" >&2
   $PIP install "${GEODML_TORCH:-torch==2.13.0}"
 fi
-echo "bootstrap: installing geodml (editable) and test tools into $VENV" >&2
+echo "bootstrap: installing geodml (editable; builds its optional C kernels) and test tools into $VENV" >&2
 $PIP install -e ".[test]"
 touch "$STAMP"

@@ -102,6 +102,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from geodml import kernels
 from geodml.algorithms.base import AlgoContext, Algorithm, FlatParams, copy_array_into
 
 WARMUP_SPARSITIES: tuple[float, ...] = (0.75, 0.9375, 0.984375, 0.99609375)
@@ -147,9 +148,12 @@ class TopSelector:
     def __init__(self, numel: int, *, sample_ratio: float, sparsities: tuple[float, ...], generator: torch.Generator,
                  device: torch.device | str = "cpu", backend: str = "auto") -> None:
         if backend == "auto":
-            backend = "numpy" if torch.device(device).type == "cpu" else "torch"
-        if backend not in ("numpy", "torch"):
+            cpu = torch.device(device).type == "cpu"
+            backend = ("fused" if kernels.compiled is not None else "numpy") if cpu else "torch"
+        if backend not in ("fused", "numpy", "torch"):
             raise ValueError(f"unknown selection backend {backend!r}")
+        if backend == "fused" and kernels.compiled is None:
+            raise ValueError(f"selection backend 'fused' needs geodml._kernels: {kernels.UNAVAILABLE_REASON}")
         self.numel, self.sample_ratio, self.backend, self.gen = numel, float(sample_ratio), backend, generator
         self.absv = torch.empty(numel, dtype=torch.float32, device=device)
         self.mask = torch.empty(numel, dtype=torch.bool, device=device)
@@ -157,9 +161,13 @@ class TopSelector:
         cap = max([self.sample_size(s) for s in sparsities] + [1])
         self.sample_idx = torch.empty(cap, dtype=torch.int64, device=device)
         self.sample_val = torch.empty(cap, dtype=torch.float32, device=device)
-        if backend == "numpy":
+        if backend in ("numpy", "fused"):
             self._absv_np, self._mask_np = self.absv.numpy(), self.mask.numpy()
             self._part_np = np.empty(numel, dtype=np.float32)  # scratch of the exact selection
+        if backend == "fused":  # candidates go into a preallocated index buffer (no N-sized temporaries)
+            self.cand = torch.empty(numel, dtype=torch.int64)
+            self._cand_np = self.cand.numpy()
+        self._values_np: np.ndarray | None = None
         self.path = "none"
 
     def sample_size(self, sparsity: float) -> int:
@@ -175,7 +183,11 @@ class TopSelector:
         if k >= n:
             self.path = "dense"
             return self.all_idx
-        torch.abs(values, out=self.absv)
+        fused = self.backend == "fused"
+        if fused:  # |v| is formed only where it is read: the sample, the candidates' scan, a refinement
+            self._values_np = values.numpy()
+        else:
+            torch.abs(values, out=self.absv)
         ns = self.sample_size(sparsity)
         if ns == 0:
             self.path = "exact"
@@ -184,7 +196,10 @@ class TopSelector:
             raise ValueError(f"sparsity {sparsity} was not among those this selector was built for")
         sidx, sval = self.sample_idx[:ns], self.sample_val[:ns]
         torch.randint(0, n, (ns,), generator=self.gen, out=sidx)
-        torch.index_select(self.absv, 0, sidx, out=sval)
+        if fused:
+            torch.index_select(values, 0, sidx, out=sval).abs_()
+        else:
+            torch.index_select(self.absv, 0, sidx, out=sval)
         # The sample's r-th largest value estimates the magnitude above which a fraction r/ns of
         # all entries lie; r/ns sits MARGIN_SD binomial standard deviations above (1-s), so the
         # candidates include the top-k unless the sample was unlucky.
@@ -204,6 +219,11 @@ class TopSelector:
     # ---- kernels (NumPy views on CPU, torch elsewhere) -------------------------------------
     def _candidates(self, sval: torch.Tensor, kth: int) -> torch.Tensor:
         """Indices j with |v_j| >= the kth-smallest sample value."""
+        if self.backend == "fused":
+            s = sval.numpy()
+            s.partition(kth)
+            c = kernels.compiled.abs_ge_indices(self._values_np, float(s[kth]), self._cand_np)
+            return self.cand[:c]
         if self.backend == "numpy":
             s = sval.numpy()
             s.partition(kth)
@@ -218,7 +238,9 @@ class TopSelector:
         (no N-sized allocation, unlike argpartition), then the entries at or above it; ties at
         the k-th value are cut down to exactly k."""
         n = self.numel
-        if self.backend == "numpy":
+        if self.backend == "fused":  # the rare exact path forms |v| in full, then runs the NumPy code
+            np.abs(self._values_np, out=self._absv_np)
+        if self.backend in ("numpy", "fused"):
             np.copyto(self._part_np, self._absv_np)
             self._part_np.partition(n - k)
             np.greater_equal(self._absv_np, self._part_np[n - k], out=self._mask_np)
@@ -227,7 +249,11 @@ class TopSelector:
         return torch.topk(self.absv, k, sorted=False).indices
 
     def _refine(self, cand: torch.Tensor, k: int) -> torch.Tensor:
-        if self.backend == "numpy":
+        if self.backend == "fused":
+            c = cand.numpy()
+            sub = np.abs(np.take(self._values_np, c))  # |v| at the candidates only (= absv there)
+            return torch.from_numpy(c[np.argpartition(sub, len(c) - k)[len(c) - k:]])
+        if self.backend in ("numpy", "fused"):
             c = cand.numpy()
             sub = np.take(self._absv_np, c)
             return torch.from_numpy(c[np.argpartition(sub, len(c) - k)[len(c) - k:]])

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from geodml import kernels
 from geodml.algorithms.base import AlgoContext, Algorithm, FlatParams, copy_array_into
 
 
@@ -57,6 +58,8 @@ class Gaia(Algorithm):
         # On CPU the selection runs on NumPy views of these buffers: np.flatnonzero is 3-60x
         # faster than torch.nonzero on one thread (60x at 50% significant; docs/performance.md).
         self._np = None
+        self.fused = kernels.compiled is not None and dev.type == "cpu"
+        """Select with the fused C loop (geodml/_kernels.c); False: NumPy (same bits; benchmarks toggle it)."""
         if dev.type == "cpu":
             self._np = tuple(t.numpy() for t in (self.v, self.flat.data, self.abs_v, self.bound, self.mask,
                                                  self.vals, self.idx32))
@@ -96,6 +99,8 @@ class Gaia(Algorithm):
         """Lines 9-11: mark |v| > T*|w|, move the significant entries into the send buffers
         and clear them from v. Returns (number of significant entries, dense?)."""
         if self._np is not None:
+            if self.fused:
+                return self._select_fused(threshold)
             return self._select_numpy(threshold)
         torch.abs(self.v, out=self.abs_v)
         torch.abs(self.flat.data, out=self.bound)
@@ -120,6 +125,16 @@ class Gaia(Algorithm):
     """Elements per block of the NumPy selection: 256 KiB per float32 scratch, so the passes over
     one block stay in L2 and v and w stream from memory once (2.6 -> 0.8 ms at 1M, 77 -> 15 ms
     at 10M on this machine; docs/performance.md)."""
+
+    def _select_fused(self, threshold: float) -> tuple[int, bool]:
+        """``select`` in one C loop over v and w (geodml/_kernels.c): the NumPy path's float32
+        operations and results, bit for bit, without its six passes and its branchy flatnonzero."""
+        v, w, _, _, _, vals, idx32 = self._np
+        n, dense = kernels.compiled.gaia_select(v, w, threshold, vals, idx32)
+        if not dense and n:
+            self.vals.resize_(n)                   # within capacity: same storage, no allocation
+            self.idx32.resize_(n)
+        return n, dense
 
     def _select_numpy(self, threshold: float) -> tuple[int, bool]:
         """``select`` on NumPy views (CPU), block by block: the same float32 operations, so the

@@ -3,12 +3,14 @@
 Per call, one process, one thread, at N = 1M and 10M float32 elements:
 
 * ``gaia select``: :meth:`geodml.algorithms.gaia.Gaia.select` (|v| > T |w|, gather the
-  significant entries, clear them from v) with 2% and with 50% of the entries significant;
-  ``gaia select, torch path`` is the same call on torch ops (torch.nonzero; what non-CPU
-  devices run and what CPU ran before issue 12), for a before/after in one invocation.
+  significant entries, clear them from v) with 2% and with 50% of the entries significant, on
+  each CPU path: ``fused C`` (geodml/_kernels.c, the default when built), ``NumPy`` (blocked
+  NumPy passes; before the fused loop) and ``torch path`` (torch.nonzero; what non-CPU devices
+  run and what CPU ran before issue 12), for a before/after in one invocation.
   It must read v and w: 8 B per element (the writes of the few significant entries are small).
 * ``dgc select``: :meth:`geodml.algorithms.dgc.TopSelector.select` at sparsity 99.9% (sampled
-  threshold, candidates |v| >= T). It must read v: 4 B per element.
+  threshold, candidates |v| >= T), ``fused C`` and ``NumPy`` backends. It must read v: 4 B per
+  element.
 * ``memory pass``: ``x.mul_(c)`` over N float32 (reads and writes 8 B per element), the floor:
   its bytes/s is the machine's bound for a streaming pass.
 
@@ -60,6 +62,7 @@ def measure(sizes: list[int], repeats: int, stat=statistics.median, device: str 
     import numpy as np
     import torch
 
+    from geodml import kernels
     from geodml.algorithms.base import AlgoContext, FlatParams
     from geodml.algorithms.dgc import TopSelector
     from geodml.algorithms.gaia import Gaia
@@ -82,10 +85,14 @@ def measure(sizes: list[int], repeats: int, stat=statistics.median, device: str 
         np_views_cpu = g._np
         for f in GAIA_FRACTIONS:
             v0 = flat.data * 0.01 * torch.rand(n, generator=gen).to(dev) / (1.0 - f)
-            paths = (("gaia select", g._np), ("gaia select, torch path", None)) if dev.type == "cpu" else \
-                (("gaia select, torch path", None),)
-            for label, np_views in paths:
+            if dev.type == "cpu":
+                paths = ([("gaia select, fused C", g._np, True)] if kernels.compiled is not None else []) + \
+                    [("gaia select, NumPy", g._np, False), ("gaia select, torch path", None, False)]
+            else:
+                paths = [("gaia select, torch path", None, False)]
+            for label, np_views, fused in paths:
                 g._np = np_views  # None: the torch ops (non-CPU devices; CPU before issue 12)
+                g.fused = fused
                 frac = []
 
                 def gaia() -> None:
@@ -99,18 +106,21 @@ def measure(sizes: list[int], repeats: int, stat=statistics.median, device: str 
             del v0
         # DGC threshold selection on a heavy-tailed |v|.
         v = (torch.randn(n, generator=gen) * torch.rand(n, generator=gen) ** 3).to(dev)
-        sel = TopSelector(n, sample_ratio=0.01, sparsities=(0.999,), device=dev,
-                          generator=torch.Generator(device=dev).manual_seed(0))
-        paths = []
+        backends = (["fused"] if kernels.compiled is not None else []) + ["numpy"] if dev.type == "cpu" else ["torch"]
+        for backend in backends:
+            sel = TopSelector(n, sample_ratio=0.01, sparsities=(0.999,), device=dev, backend=backend,
+                              generator=torch.Generator(device=dev).manual_seed(0))
+            paths = []
 
-        def dgc() -> None:
-            sel.select(v, 0.999)
-            paths.append(sel.path)
-        kt, ft = _paired(dgc, floor, repeats, sync=sync)
-        fl = stat(ft)
-        bw = 8 * n / fl
-        rows.append(["dgc select s=99.9%", n, 4, stat(kt) * 1e3, fl * 1e3, bw / 1e9, stat(kt) / (4 * n / bw),
-                     "paths " + ",".join(sorted(set(paths)))])
+            def dgc() -> None:
+                sel.select(v, 0.999)
+                paths.append(sel.path)
+            kt, ft = _paired(dgc, floor, repeats, sync=sync)
+            fl = stat(ft)
+            bw = 8 * n / fl
+            name = {"fused": "fused C", "numpy": "NumPy", "torch": "torch path"}[backend]
+            rows.append([f"dgc select s=99.9%, {name}", n, 4, stat(kt) * 1e3, fl * 1e3, bw / 1e9,
+                         stat(kt) / (4 * n / bw), "paths " + ",".join(sorted(set(paths)))])
     return rows
 
 
