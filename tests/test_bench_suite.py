@@ -58,13 +58,14 @@ def test_kernels_table_small(capsys):
     # benchmark constructs (2% and 50%, +- sampling noise), and x bound = ms / (B * floor ms / 8).
     from geodml.bench import kernels
     rows = kernels.measure([20_000], repeats=2, stat=min)
-    assert [r[0] for r in rows] == ["gaia select", "gaia select, torch path"] * 2 + ["dgc select s=99.9%"]
+    gaia = ["gaia select, fused C", "gaia select, NumPy", "gaia select, torch path"]
+    assert [r[0] for r in rows] == gaia * 2 + ["dgc select s=99.9%, fused C", "dgc select s=99.9%, NumPy"]
     for r in rows:
         kernel_ms, floor_ms, b = r[3], r[4], r[2]
         assert r[6] == pytest.approx(kernel_ms / (b * floor_ms / 8), rel=1e-9)
     f2 = float(rows[0][7].split("%")[0]) / 100
-    f50 = float(rows[2][7].split("%")[0]) / 100
-    assert rows[0][7] == rows[1][7] and rows[2][7] == rows[3][7]  # both paths select the same entries
+    f50 = float(rows[3][7].split("%")[0]) / 100
+    assert rows[0][7] == rows[1][7] == rows[2][7] and rows[3][7] == rows[4][7] == rows[5][7]  # all paths agree
     assert abs(f2 - 0.02) < 0.005 and abs(f50 - 0.5) < 0.02
     assert bench_main(["kernels", "--sizes", "20000", "--repeats", "1"]) == 0
     assert "gaia select" in capsys.readouterr().out
