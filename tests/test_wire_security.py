@@ -3,7 +3,8 @@
 A hostile raw ZeroMQ PUSH socket connects to a live transport's PULL and injects each kind of bad
 message; each is dropped, counted under its reason, never queued or applied, and the rank keeps
 receiving its real peer. Hostile frames are built here from the documented wire format (an
-independent reference: SHA-256 of the arrays, keyed BLAKE2b over seq||dst||envelope||digest),
+independent reference: one-shot AES-GCM over the concatenated arrays as the bulk GMAC, keyed
+BLAKE2b over seq||dst||src||mid||envelope||mid||gmac),
 so a format change that the docstring does not describe fails these tests. Also: a seeded
 mutation fuzz of the decoder (thousands of inputs, never raises, accepts only intact messages),
 sequence numbers in wire order under the ``--wan real`` pacer, the exporter's counter, and the
@@ -14,6 +15,8 @@ import hashlib
 import struct
 import time
 
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
 import msgpack
 import numpy as np
 import pytest
@@ -21,27 +24,37 @@ import zmq
 
 from tests.test_comm_p2p import _group
 
+_MID_COUNTER = 10**9  # message ids of hand-built messages (the real transports count from 0)
+
 
 def _frames(key: bytes | None, *, kind="update", step=0, src=0, dst=1, seq=0, arrays=(), descs=None,
-            envelope: bytes | None = None, version=1, arrival_s=0.0):
-    """The frames of one message in the documented format (the tag is zeros without ``key``)."""
+            envelope: bytes | None = None, version=1, arrival_s=0.0, mid=None):
+    """The frames of one message in the documented format (the tag is zeros without ``key``);
+    the message id defaults to a fresh one per call (a real sender never repeats one)."""
+    global _MID_COUNTER
+    if mid is None:
+        mid = _MID_COUNTER = _MID_COUNTER + 1
     arrays = [np.ascontiguousarray(a) for a in arrays]
     if descs is None:
         descs = [[a.dtype.str, list(a.shape)] for a in arrays]
     if envelope is None:
         envelope = msgpack.packb([version, kind, step, src, arrival_s, descs])
-    head = struct.pack(">QI", seq, dst)
+    head = struct.pack(">QIIQ", seq, dst, src, mid)
     tag = bytes(32)
     if key is not None:
-        digest = hashlib.sha256(b"".join(a.tobytes() for a in arrays)).digest()
-        tag = hashlib.blake2b(head + envelope + digest, key=key, digest_size=32).digest()
+        bulk_key = hashlib.blake2b(b"geodml bulk GMAC key", key=key, digest_size=32).digest()
+        gmac = AESGCM(bulk_key).encrypt(struct.pack(">IQ", src, mid), b"", b"".join(a.tobytes() for a in arrays))
+        tag = hashlib.blake2b(head + envelope + struct.pack(">Q", mid) + gmac, key=key, digest_size=32).digest()
     return [envelope + head + tag, *[a.tobytes() for a in arrays]]
+
+
+TRAILER = 56  # seq (8) + dst (4) + src (4) + mid (8) + tag (32)
 
 
 def _reseq(frames, seq):
     """``frames`` with the sequence number in the trailer (end of frame 0) replaced."""
     f0 = frames[0]
-    return [f0[:-44] + struct.pack(">Q", seq) + f0[-36:], *frames[1:]]
+    return [f0[:-TRAILER] + struct.pack(">Q", seq) + f0[-TRAILER + 8:], *frames[1:]]
 
 
 def _drain(t, total: int, timeout_s: float = 10.0) -> None:
@@ -139,7 +152,7 @@ def test_wire_auth_off_still_checks_structure_and_sequence(monkeypatch):
         a.send(a.prepare("model", 0, [vals]), [(1, 0.0, None)])
         assert np.array_equal(b.recv(0, "model", 0, timeout_s=5).arrays[0], vals)
         hostile.send_multipart(_frames(None, kind="model", step=0, arrays=[vals], seq=0))   # replay of seq 0
-        hostile.send_multipart([b"\x93garbage" + b"x" * 44])                               # not a 6-field list
+        hostile.send_multipart([b"\x93garbage" + b"x" * TRAILER])                               # not a 6-field list
         hostile.send_multipart(_frames(None, kind="model", step=9, arrays=[vals], seq=5))  # no MAC to check: taken
         _drain(b, 2)
         assert b.rejected["replayed"] == 1 and b.rejected["malformed"] == 1
@@ -209,7 +222,7 @@ def test_decoder_fuzz_never_raises_and_accepts_only_intact_messages(monkeypatch)
                 assert (msg is None) == (sum(b.rejected.values()) == before + 1)
                 if msg is not None:
                     accepted += 1
-                    for arr, (dt, shape) in zip(msg.arrays, msgpack.unpackb(frames[0][:-44])[5]):
+                    for arr, (dt, shape) in zip(msg.arrays, msgpack.unpackb(frames[0][:-TRAILER])[5]):
                         assert arr.dtype == np.dtype(dt) and list(arr.shape) == shape
                     if mode == "on":
                         assert changed is not True, (i, op)  # a modified message never passes the tag

@@ -17,7 +17,7 @@ process built, identically on every rank) and reads its peers' addresses from th
 
 Messages. A multipart ZeroMQ message: frame 0 is a msgpack envelope
 ``[1, kind, step, src, arrival_s, [[dtype.str, shape], ...]]`` (``arrival_s`` is always a
-float64, so the envelope size does not depend on it) followed in the same frame by a 44-byte
+float64, so the envelope size does not depend on it) followed in the same frame by a 56-byte
 security trailer (see Wire security; one frame less to send), then one frame per array
 holding its raw bytes. The ledger charges envelope +
 arrays (the emulated system's message); the trailer, like ZeroMQ's and TCP's framing, is the
@@ -66,15 +66,23 @@ Every wait has a deadline; a peer that sends nothing raises :class:`CommTimeoutE
 Wire security (``--wire-auth on``, the default; docs/reliability.md "Wire security"). Rank 0
 draws a 32-byte secret per transport and shares it through the torch.distributed store (the
 run's rendezvous: whoever can read it can join the process group anyway). The trailer is
-``seq`` (uint64, big-endian), ``dst`` (uint32) and a 32-byte tag = keyed BLAKE2b(secret,
-``seq || dst || envelope || SHA-256(arrays)``). ``seq`` counts the messages this rank sent to
+``seq`` (uint64, big-endian), ``dst`` (uint32), ``src`` (uint32), ``mid`` (uint64) and a
+32-byte tag = keyed BLAKE2b(secret, ``seq || dst || src || mid || envelope || mid ||
+GMAC(arrays)``). GMAC is AES-256-GCM with the arrays as associated data and nothing encrypted,
+under a bulk key = keyed BLAKE2b(secret, "geodml bulk GMAC key"), with the 96-bit nonce
+``src || mid``; ``mid`` counts the messages a rank prepares, so no nonce repeats under a key,
+and one GMAC serves every destination of a message. (It was SHA-256 of the arrays until
+2026-11-23: GMAC costs 0.15 ms per MB here against SHA-256's 0.66 ms with SHA-NI.)
+``seq`` counts the messages this rank sent to
 ``dst`` in the order they enter the socket (under ``--wan real`` every send, markers too, goes
 through the pacer thread, so that order is the wire order); a receiver accepts from ``src``
 only a ``seq`` above the last one it accepted. Measured (1 MB, this VM): SHA-256 1.0 ms
 (SHA-NI), keyed BLAKE2b 2.3 ms, HMAC-SHA256 1.05 ms; on ~80 B keyed BLAKE2b 1.9 us vs HMAC 5 us
 (one compression vs four); ZeroMQ CURVE streamed 1 MB at 0.1-0.7 GB/s vs 1.8-2.4 GB/s plain,
-and it encrypts, which nothing here needs. Hence SHA-256 over the bulk (once per message, shared
-by every destination) and a keyed BLAKE2b MAC over the short rest. Every received message is
+and it encrypts, which nothing here needs. Hence a fast MAC over the bulk (once per message,
+shared by every destination: GMAC, 0.15 ms per MB with AES-NI and carry-less multiply) and a
+keyed BLAKE2b MAC over the short rest. The receiver checks the trailer's ``src`` against the
+envelope's once the tag has passed. Every received message is
 checked before anything is parsed or applied: size (``max_message_bytes``; ZeroMQ's
 ``MAXMSGSIZE`` drops single frames above it by disconnecting their sender), tag, envelope
 structure, field types (known kind, integer step, numeric dtypes, shapes that match the
@@ -131,7 +139,9 @@ MAX_ARRAYS = 4096
 """Most arrays one message may carry (a cap on what a hostile sender can make a receiver list)."""
 MAX_ENVELOPE_BYTES = 1 << 20
 TAG_BYTES = 32
-_TRAILER = struct.Struct(">QI")  # seq, dst; then the tag
+_TRAILER = struct.Struct(">QIIQ")  # seq, dst, src, message id; then the tag
+_NONCE = struct.Struct(">IQ")  # src, message id: the bulk MAC's 96-bit GCM nonce
+_MID = struct.Struct(">Q")
 TRAILER_BYTES = _TRAILER.size + TAG_BYTES
 _NO_TAG = bytes(TAG_BYTES)
 REJECT_REASONS = ("oversized", "malformed", "unauthenticated", "wrong_type", "unknown_peer", "replayed")
@@ -213,7 +223,7 @@ class Outgoing:
                  envelope0: bytes = b"", digest: bytes = b"") -> None:
         self.kind, self.step, self.src, self.descs = kind, step, src, descs
         self.payloads, self.nbytes, self.envelope0 = payloads, nbytes, envelope0
-        self.digest = digest  # SHA-256 of the arrays' bytes (b"" under --wire-auth off)
+        self.digest = digest  # message id (8 B) + GMAC of the arrays' bytes (b"" under --wire-auth off)
 
     def envelope(self, arrival_s: float) -> bytes:
         if arrival_s == 0.0 and self.envelope0:
@@ -281,6 +291,7 @@ class PeerTransport:
         self._send_seq = [0] * world_size  # next sequence number towards each peer
         self._recv_seq = [-1] * world_size  # last sequence number accepted from each peer
         self._mac_key = b""
+        self._next_mid = 0  # id of the next message this rank prepares (the bulk MAC's nonce)
         self.region_of_rank = list(region_of_rank) if region_of_rank is not None else [f"?{r}" for r in range(world_size)]
         self._closed = False
         self._pending: dict[tuple[int, str, int], deque[Incoming]] = {}
@@ -338,6 +349,9 @@ class PeerTransport:
             self._mac_key = store.get(f"{base}/key")
             if len(self._mac_key) != 32:
                 raise CommError(f"rank {self.rank}: the run's wire secret in the store has {len(self._mac_key)} bytes, not 32")
+            from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+            bulk_key = hashlib.blake2b(b"geodml bulk GMAC key", key=self._mac_key, digest_size=32).digest()
+            self._gcm_cipher, self._gcm_aes, self._gcm_mode = Cipher, algorithms.AES(bulk_key), modes.GCM
         for r, addr in enumerate(self.addresses):
             if r == self.rank:
                 continue
@@ -385,19 +399,31 @@ class PeerTransport:
                              f"({self.max_message_bytes} B); raise --max-message-mb on every rank")
         digest = b""
         if self._mac_key:
-            h = hashlib.sha256()
-            for a in payloads:
-                h.update(a)
-            digest = h.digest()
+            mid = self._next_mid
+            self._next_mid = mid + 1
+            digest = _MID.pack(mid) + self._bulk_mac(self.rank, mid, payloads)
         return Outgoing(kind, step, self.rank, descs, payloads, size, envelope0, digest)
+
+    def _bulk_mac(self, src: int, mid: int, arrays) -> bytes:
+        """GMAC (AES-256-GCM with the arrays as associated data, nothing encrypted) of a message's
+        arrays under the run's bulk key; the nonce (src, message id) is never reused for a key."""
+        e = self._gcm_cipher(self._gcm_aes, self._gcm_mode(_NONCE.pack(src, mid))).encryptor()
+        for a in arrays:  # as byte views, no copy (cryptography refuses typed numpy buffers and Frames)
+            if type(a) is np.ndarray:
+                a = a.reshape(-1).view(np.uint8)
+            elif isinstance(a, zmq.Frame):
+                a = a.buffer
+            e.authenticate_additional_data(a)
+        e.finalize()
+        return e.tag
 
     def _trailer(self, envelope: bytes, digest: bytes, dst: int) -> bytes:
         """The next security trailer towards ``dst`` (advances its sequence number)."""
         seq = self._send_seq[dst]
         self._send_seq[dst] = seq + 1
-        head = _TRAILER.pack(seq, dst)
         if not self._mac_key:
-            return head + _NO_TAG
+            return _TRAILER.pack(seq, dst, self.rank, 0) + _NO_TAG
+        head = _TRAILER.pack(seq, dst, self.rank, _MID.unpack_from(digest)[0])
         return head + hashlib.blake2b(head + envelope + digest, key=self._mac_key, digest_size=TAG_BYTES).digest()
 
     def send(self, out: Outgoing, targets: Sequence[tuple[int, float, float | None]], *, wait: bool = True) -> None:
@@ -584,15 +610,13 @@ class PeerTransport:
         if len(head) > MAX_ENVELOPE_BYTES:
             raise _Rejected("oversized", f"a {len(head)} B envelope")
         env, trailer = head[:-TRAILER_BYTES], head[-TRAILER_BYTES:]
+        seq, dst, tsrc, mid = _TRAILER.unpack_from(trailer)
         if self._mac_key:  # before anything is parsed: unauthenticated bytes never reach msgpack
-            h = hashlib.sha256()
-            for f in frames[1:]:
-                h.update(f)
             head = trailer[:_TRAILER.size]
-            tag = hashlib.blake2b(head + env + h.digest(), key=self._mac_key, digest_size=TAG_BYTES).digest()
+            digest = head[-_MID.size:] + self._bulk_mac(tsrc, mid, frames[1:])
+            tag = hashlib.blake2b(head + env + digest, key=self._mac_key, digest_size=TAG_BYTES).digest()
             if not hmac.compare_digest(tag, trailer[_TRAILER.size:]):
                 raise _Rejected("unauthenticated", "its tag does not match this run's secret")
-        seq, dst = _TRAILER.unpack_from(trailer)
         try:
             fields = msgpack.unpackb(env)
         except Exception as e:
@@ -612,6 +636,8 @@ class PeerTransport:
         if not (0 <= src < self.world_size) or src == self.rank or dst != self.rank:
             raise _Rejected("unknown_peer", f"from rank {src} to rank {dst}; this is rank {self.rank} of "
                                             f"{self.world_size}")
+        if tsrc != src:
+            raise _Rejected("malformed", f"the trailer names rank {tsrc} as its source, the envelope rank {src}")
         arrays = []
         nbytes = len(env)
         for i, desc in enumerate(descs, 1):
