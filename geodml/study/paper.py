@@ -468,7 +468,7 @@ def plot_knobs(report: dict, path: Path, plt) -> bool:
             for i, r in pts:
                 if r["savings_vs_bsp"] is not None:
                     ax.annotate(f"x{r['savings_vs_bsp']:.0f}", (i, 100 * r["accuracy"]), textcoords="offset points",
-                                xytext=(0, 4), ha="center", fontsize=6, color=color)
+                                xytext=(0, 4 if setting == "iid" else -10), ha="center", fontsize=6, color=color)
             ref = [(grid.index(r["theta"]), r["paper_accuracy"]) for r in mine
                    if r["setting"] == setting and r.get("paper_accuracy") is not None]
             if ref:
