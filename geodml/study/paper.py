@@ -418,7 +418,7 @@ def plot_bars(report: dict, path: Path, plt) -> None:
     """Grouped bars: one group per series, one bar per setting, '-x' labels relative to BSP-IID (like Figure 1)."""
     series, settings, cells = pivot(report["rows"])
     width = 0.8 / max(1, len(settings))
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(series) * max(1, len(settings)) ** 0.5 + 2), 3.6))
+    fig, ax = plt.subplots(figsize=(min(14.0, max(5.0, 1.1 * len(series) * max(1, len(settings)) ** 0.5 + 2)), 3.6))
     for j, st in enumerate(settings):
         xs, ys, labels = [], [], []
         for i, s in enumerate(series):
@@ -427,7 +427,7 @@ def plot_bars(report: dict, path: Path, plt) -> None:
                 continue
             xs.append(i + (j - (len(settings) - 1) / 2) * width)
             ys.append(100 * r["accuracy"])
-            labels.append("" if r["vs_bsp_iid_pp"] is None or r["vs_bsp_iid_pp"] > -0.05 else f"{r['vs_bsp_iid_pp']:.0f}")
+            labels.append("" if r["vs_bsp_iid_pp"] is None or r["vs_bsp_iid_pp"] > -0.5 else f"{r['vs_bsp_iid_pp']:.0f}")
         bars = ax.bar(xs, ys, width, label=st)
         for bar, text in zip(bars, labels):
             if text:
