@@ -48,6 +48,19 @@ def check_before_start(cfg: RunConfig, env: Env) -> None:
     check_checkpoints(cfg, env.world_size)  # --resume/--checkpoint-every flags and checkpoint files
 
 
+def host_info() -> dict:
+    """What a run's floating-point results depend on beyond the code and flags. Runs are
+    bit-reproducible for the same commit, flags and host, but torch picks its CPU kernels by
+    instruction set (AVX2 vs AVX-512 round differently), so two machines can differ in the last
+    bits and, over a long run, in the accuracy (REPRODUCTION.md, determinism note)."""
+    import platform
+
+    from geodml import kernels
+    return {"torch": torch.__version__, "numpy": np.__version__, "python": platform.python_version(),
+            "machine": platform.machine(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cuda": torch.version.cuda, "selection_kernels": kernels.describe()}
+
+
 def _write_json(path: Path, obj) -> None:
     """Write atomically (temp file + rename): a crash never leaves a half-written file."""
     tmp = path.with_suffix(path.suffix + ".tmp")
@@ -174,7 +187,8 @@ def run(cfg: RunConfig, env: Env) -> dict | None:
             config_doc = {"version": __version__, "world_size": world, "backend": backend, "device": str(device), "config": cfg.to_dict(),
                           "region_of_rank": comm.region_of_rank, "parameters": count_parameters(model),
                           "steps_per_epoch": spe, "total_steps": total_steps,
-                          "topology": getattr(getattr(comm, "topology", None), "to_dict", lambda: None)()}
+                          "topology": getattr(getattr(comm, "topology", None), "to_dict", lambda: None)(),
+                          "host": host_info()}
             _write_json(out / "config.json", config_doc)
             _write_json(out / "partitions.json", report)
             print(f"geodml {__version__}: {cfg.algo.algo} on {cfg.data.dataset}, K={world} partitions "

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from geodml.study import paper, runner, skewscout
 
@@ -223,6 +224,8 @@ def test_quick_noniid_study_runs_and_resumes(tmp_path, capsys):
         assert r["status"] == "ok" and s["steps"] == 4 and s["world_size"] == 2 and r["accuracy"] == s["final_val_accuracy"]
         assert cfg["optim"]["lr"] == pytest.approx(0.01 if r["algo"] == "gaia" else 0.02)  # Gaia: 0.02 / K
         assert cfg["data"]["partition"] == ("iid" if r["setting"] == "iid" else "label")
+        host = json.loads((Path(r["dir"]) / "config.json").read_text())["host"]  # what the float results depend on
+        assert host["torch"] == torch.__version__ and host["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert rep["rows"][0]["vs_bsp_iid_pp"] == 0.0 and rep["rows"][0]["savings_vs_bsp"] == 1.0
     assert (out / "accuracy.png").stat().st_size > 1000 and (out / "noniid.csv").exists()
     capsys.readouterr()
