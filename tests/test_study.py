@@ -91,6 +91,26 @@ def test_skewscout_plan_shares_the_target_and_separates_levels(tmp_path):
     assert "--skewscout" in sc and flag(sc, "--travel-every") == "4" and flag(sc, "--skew") == "1"
 
 
+def test_skewscout_travel_interval_reaches_only_the_skewscout_runs(tmp_path, capsys):
+    """--travel-every: SkewScout runs only (BSP/Oracle launch records unchanged, so they are reused), named by it."""
+    base = ["--budget", "full", "--epochs", "2", "--lr", "0.01", "--grid", "0.05,0.5", "--out", str(tmp_path / "s")]
+    def specs(extra):
+        args = paper.parse_args("skewscout", [*base, *extra])
+        per_level, _ = skewscout.plan(args, paper.make_budget(args))
+        return {p.spec.run_id: p.spec for ps in per_level.values() for p in ps}
+    default, every = specs([]), specs(["--travel-every", "100"])
+    assert "--travel-every" not in default["label-1-gaia-skewscout-t0-0.2"].argv  # geodml's default, the paper's 500
+    scout = every["label-1-gaia-skewscout-t0-0.2-travel-100"].argv
+    assert flag(scout, "--travel-every") == "100" and flag(scout, "--lr") == "0.002"
+    for rid in ("bsp-iid", "bsp-label-0.4", "label-0.4-gaia-t0-0.05"):  # the same runs, the same flags
+        assert every[rid].argv == default[rid].argv and "--travel-every" not in every[rid].argv
+    assert len(every) == len(default) == 21  # BSP-IID + 5 levels x (BSP, 2 Oracle runs, SkewScout)
+    for bad, message in ((["--travel-every", "0"], "--travel-every must be >= 1"),
+                         (["--", "--travel-every", "100"], "use the study's own --travel-every")):
+        assert skewscout.main([*base, *bad], launcher=no_launch) == 2
+        assert message in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--nproc", "1"], "--nproc must be >= 2"),
     (["--algos", "bsp,foo"], "subset of"),

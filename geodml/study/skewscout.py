@@ -34,8 +34,11 @@ def plan(args: argparse.Namespace, budget: paper.Budget) -> tuple[dict[float, li
     """Per level the oracle study's runs (Gaia runs get the per-algorithm lr), and the unique specs of all levels."""
     grid_text = args.grid or ("0.05,0.5" if budget.name == "quick" else None)
     theta_name, grid, algo_grid = oracle.resolve_grid("gaia", oracle._float_list(grid_text) if grid_text else None)
-    travel = ["--travel-every", str(max(1, budget.steps // 2))] if budget.steps else []
-    common = ["--model", "lenet", "--lr", paper.fmt(budget.lr), *budget.flags(), *travel, *args.geodml_args]
+    # SkewScout's travel interval goes to its own runs only, so BSP and the Oracle's runs stay reusable
+    # across intervals. Default: the paper's 500 steps (geodml's default); quick: steps/2 (one decision).
+    every = args.travel_every or (max(1, budget.steps // 2) if budget.steps else None)
+    travel = ("--travel-every", str(every)) if every else ()
+    common = ["--model", "lenet", "--lr", paper.fmt(budget.lr), *budget.flags(), *args.geodml_args]
     gaia_lr = paper.fmt(paper.lr_for("gaia", budget.lr, args.nproc, args.sum_lr))
     per_level, unique = {}, {}
     for level in levels(budget):
@@ -48,8 +51,11 @@ def plan(args: argparse.Namespace, budget: paper.Budget) -> tuple[dict[float, li
                 # the oracle's Gaia run ids do not name the setting: prefix it so levels do not collide;
                 # argparse keeps the last --lr, so appending one gives Gaia its own rate
                 rid = f"{oracle.setting_name(ns)}-{p.spec.run_id}"
+                scout = travel if p.role == "skewscout" else ()
+                if scout and args.travel_every not in (None, 500):  # a chosen interval is part of the run's identity
+                    rid = f"{rid}-travel-{every}"
                 p = dataclasses.replace(p, spec=dataclasses.replace(p.spec, run_id=rid, out=Path(args.out) / rid,
-                                                                      argv=(*p.spec.argv, "--lr", gaia_lr)))
+                                                                      argv=(*p.spec.argv, "--lr", gaia_lr, *scout)))
             planned.append(unique.setdefault(p.spec.run_id, p))
         per_level[level] = planned
     return per_level, (theta_name, grid)
@@ -76,7 +82,8 @@ def format_markdown(report: dict) -> str:
     length = f"{b['steps']} steps" if b["steps"] else f"{paper.fmt(b['epochs'])} epochs"
     lines = [f"# skewscout: Quagmire Figure 8 (Gaia) on {report['dataset']}, K={report['nproc']}, budget {b['name']}", "",
              f"Budget: {length} per run, BSP lr {b['lr']:g}, Gaia lr {report['gaia_lr']:g}; target = BSP-IID accuracy "
-             f"- {report['tolerance']:g}; T0 grid {', '.join(map(paper.fmt, report['grid']))}.", "",
+             f"- {report['tolerance']:g}; T0 grid {', '.join(map(paper.fmt, report['grid']))}; SkewScout travels every "
+             f"{report.get('travel_every', 500)} steps.", "",
              "| non-IID | BSP-IID acc | BSP acc | Oracle T0 | Oracle acc | Oracle savings | SkewScout T0 (start -> final) "
              "| SkewScout acc | SkewScout savings | meets target |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["levels"]:
@@ -125,6 +132,11 @@ def main(argv: list[str] | None = None, *, launcher: Launcher = torchrun_launche
         args = paper.parse_args("skewscout", argv)
         budget = paper.make_budget(args)
         paper.check_extra_flags(args.geodml_args)
+        if "--travel-every" in args.geodml_args:
+            raise paper.StudyError("flags after '--': use the study's own --travel-every (it applies to the SkewScout "
+                                   "runs only, so BSP and the Oracle's runs stay reusable)")
+        if args.travel_every is not None and args.travel_every < 1:
+            raise paper.StudyError(f"--travel-every must be >= 1, got {args.travel_every}")
         if not args.tolerance >= 0:
             raise paper.StudyError(f"--tolerance must be >= 0, got {args.tolerance}")
         if args.grid:
@@ -153,7 +165,8 @@ def main(argv: list[str] | None = None, *, launcher: Launcher = torchrun_launche
         rows.append(level_row(level, rep))
         failed.update(rep["failed"])
     report = {"study": "skewscout", "paper": paper.PAPER_REF["skewscout"], "dataset": args.dataset, "nproc": args.nproc,
-              "tolerance": args.tolerance, "grid": list(grid), "gaia_lr": paper.lr_for("gaia", budget.lr, args.nproc, args.sum_lr),
+              "tolerance": args.tolerance, "grid": list(grid), "travel_every": args.travel_every or
+              (max(1, budget.steps // 2) if budget.steps else 500), "gaia_lr": paper.lr_for("gaia", budget.lr, args.nproc, args.sum_lr),
               "budget": {"name": budget.name, "epochs": budget.epochs, "steps": budget.steps, "lr": budget.lr,
                          "eval_every": budget.eval_every}, "levels": rows, "failed": sorted(failed)}
     text = format_markdown(report)
