@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import sys
 import time
 from pathlib import Path
@@ -53,8 +54,6 @@ def host_info() -> dict:
     bit-reproducible for the same commit, flags and host, but torch picks its CPU kernels by
     instruction set (AVX2 vs AVX-512 round differently), so two machines can differ in the last
     bits and, over a long run, in the accuracy (REPRODUCTION.md, determinism note)."""
-    import platform
-
     from geodml import kernels
     return {"torch": torch.__version__, "numpy": np.__version__, "python": platform.python_version(),
             "machine": platform.machine(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),

@@ -12,12 +12,12 @@ figures; ``accuracy_vs_wan_bytes.png``: the eval curves of every successful run)
 * ``skew``     -- Figure 6: GN-LeNet at 20/40/60/80% non-IID (and IID as the reference).
 * ``hparams``  -- Tables 6-8: each algorithm's knob grid (``theta_grid``), IID vs non-IID; the table shows the
   savings over BSP beside each accuracy, and ``knobs.png`` plots accuracy over each grid.
-
-LeNet reports (``noniid``, ``hparams``) carry the paper's CIFAR-10 LeNet number of the same cell
-(``PAPER_LENET_CIFAR10``, Tables 6-8) in extra columns, so the comparison is in the report itself.
 * ``skewscout``-- Figure 8: Oracle (geodml.study.oracle) and SkewScout savings over BSP with Gaia
   at each skew level, against the BSP-IID accuracy target.
 * ``dirichlet``-- Hsu et al. 2019 Figures 2/5: FedAvg vs FedAvgM over the Dirichlet alpha.
+
+LeNet reports (``noniid``, ``hparams``) carry the paper's CIFAR-10 LeNet number of the same cell
+(``PAPER_LENET_CIFAR10``, Tables 6-8) in extra columns, so the comparison is in the report itself.
 
 Decisions (documented in docs/study.md, tested in tests/test_study.py):
 

@@ -18,6 +18,7 @@ import json
 import sys
 from pathlib import Path
 
+from geodml.config import SkewScoutConfig
 from geodml.study import oracle, paper
 from geodml.study.runner import Launcher, run_all, torchrun_launcher
 
@@ -30,14 +31,25 @@ def levels(budget: paper.Budget) -> tuple[float, ...]:
     return (0.2, 0.4, 0.6, 0.8, 1.0) if budget.name == "full" else (0.2, 1.0)
 
 
+DEFAULT_TRAVEL_EVERY = SkewScoutConfig.travel_every  # the paper's 500 steps
+
+
+def travel_every(args: argparse.Namespace, budget: paper.Budget) -> int:
+    """Steps between SkewScout's travels: ``--travel-every``, else steps/2 in the quick budget (one
+    decision), else geodml's default."""
+    if args.travel_every:
+        return args.travel_every
+    return max(1, budget.steps // 2) if budget.steps else DEFAULT_TRAVEL_EVERY
+
+
 def plan(args: argparse.Namespace, budget: paper.Budget) -> tuple[dict[float, list[oracle.Planned]], list]:
     """Per level the oracle study's runs (Gaia runs get the per-algorithm lr), and the unique specs of all levels."""
     grid_text = args.grid or ("0.05,0.5" if budget.name == "quick" else None)
     theta_name, grid, algo_grid = oracle.resolve_grid("gaia", oracle._float_list(grid_text) if grid_text else None)
     # SkewScout's travel interval goes to its own runs only, so BSP and the Oracle's runs stay reusable
-    # across intervals. Default: the paper's 500 steps (geodml's default); quick: steps/2 (one decision).
-    every = args.travel_every or (max(1, budget.steps // 2) if budget.steps else None)
-    travel = ("--travel-every", str(every)) if every else ()
+    # across intervals; geodml's own default (the paper's) is not passed, so default runs keep their ids.
+    every = travel_every(args, budget)
+    travel = ("--travel-every", str(every)) if every != DEFAULT_TRAVEL_EVERY else ()
     common = ["--model", "lenet", "--lr", paper.fmt(budget.lr), *budget.flags(), *args.geodml_args]
     gaia_lr = paper.fmt(paper.lr_for("gaia", budget.lr, args.nproc, args.sum_lr))
     per_level, unique = {}, {}
@@ -52,7 +64,7 @@ def plan(args: argparse.Namespace, budget: paper.Budget) -> tuple[dict[float, li
                 # argparse keeps the last --lr, so appending one gives Gaia its own rate
                 rid = f"{oracle.setting_name(ns)}-{p.spec.run_id}"
                 scout = travel if p.role == "skewscout" else ()
-                if scout and args.travel_every not in (None, 500):  # a chosen interval is part of the run's identity
+                if scout and args.travel_every not in (None, DEFAULT_TRAVEL_EVERY):  # a chosen interval names the run
                     rid = f"{rid}-travel-{every}"
                 p = dataclasses.replace(p, spec=dataclasses.replace(p.spec, run_id=rid, out=Path(args.out) / rid,
                                                                       argv=(*p.spec.argv, "--lr", gaia_lr, *scout)))
@@ -83,7 +95,7 @@ def format_markdown(report: dict) -> str:
     lines = [f"# skewscout: Quagmire Figure 8 (Gaia) on {report['dataset']}, K={report['nproc']}, budget {b['name']}", "",
              f"Budget: {length} per run, BSP lr {b['lr']:g}, Gaia lr {report['gaia_lr']:g}; target = BSP-IID accuracy "
              f"- {report['tolerance']:g}; T0 grid {', '.join(map(paper.fmt, report['grid']))}; SkewScout travels every "
-             f"{report.get('travel_every', 500)} steps.", "",
+             f"{report.get('travel_every', DEFAULT_TRAVEL_EVERY)} steps.", "",
              "| non-IID | BSP-IID acc | BSP acc | Oracle T0 | Oracle acc | Oracle savings | SkewScout T0 (start -> final) "
              "| SkewScout acc | SkewScout savings | meets target |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["levels"]:
@@ -165,8 +177,7 @@ def main(argv: list[str] | None = None, *, launcher: Launcher = torchrun_launche
         rows.append(level_row(level, rep))
         failed.update(rep["failed"])
     report = {"study": "skewscout", "paper": paper.PAPER_REF["skewscout"], "dataset": args.dataset, "nproc": args.nproc,
-              "tolerance": args.tolerance, "grid": list(grid), "travel_every": args.travel_every or
-              (max(1, budget.steps // 2) if budget.steps else 500), "gaia_lr": paper.lr_for("gaia", budget.lr, args.nproc, args.sum_lr),
+              "tolerance": args.tolerance, "grid": list(grid), "travel_every": travel_every(args, budget), "gaia_lr": paper.lr_for("gaia", budget.lr, args.nproc, args.sum_lr),
               "budget": {"name": budget.name, "epochs": budget.epochs, "steps": budget.steps, "lr": budget.lr,
                          "eval_every": budget.eval_every}, "levels": rows, "failed": sorted(failed)}
     text = format_markdown(report)
