@@ -30,10 +30,15 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
+
+from geodml import rundir
+from geodml.config import RunConfig
+
+if TYPE_CHECKING:
+    from geodml.trainer import Trainer
 
 FORMAT = 1
 """Version of the checkpoint layout; bumped when its keys change."""
@@ -47,18 +52,18 @@ _NOT_FINGERPRINTED = ("data.data_dir", "data.cache")  # where the same data live
 
 
 def checkpoint_path(out: Path | str, rank: int, step: int) -> Path:
-    return Path(out) / f"rank{rank}" / f"ckpt-{step:08d}.pt"
+    return rundir.rank_dir(out, rank) / f"ckpt-{step:08d}.pt"
 
 
 def list_steps(out: Path | str, rank: int) -> list[int]:
     """Steps of the complete checkpoint files of ``rank`` under ``out`` (ascending; ``.tmp`` ignored)."""
-    d = Path(out) / f"rank{rank}"
+    d = rundir.rank_dir(out, rank)
     if not d.is_dir():
         return []
     return sorted(int(m.group(1)) for m in (_NAME.match(p.name) for p in d.iterdir()) if m)
 
 
-def fingerprint(cfg: Any, world_size: int) -> dict[str, Any]:
+def fingerprint(cfg: RunConfig, world_size: int) -> dict[str, Any]:
     """The settings a checkpoint must share with the run that resumes it, as ``{"section.field": value}``."""
     d = cfg.to_dict()
     fp: dict[str, Any] = {"world_size": world_size}
@@ -83,12 +88,7 @@ def _same(a: Any, b: Any) -> bool:
 
 def atomic_save(obj: Any, path: Path) -> None:
     """torch.save to ``path.tmp``, fsync, rename over ``path``: a crash leaves the old file or the new one."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    rundir.save_torch(path, obj, fsync=True)
 
 
 def load_checkpoint(path: Path) -> dict:
@@ -126,10 +126,15 @@ def validate(data: dict, path: Path, *, rank: int, step: int | None, fp: dict[st
                              f"{key}={fp.get(key)!r}; resume with the same {flag} or choose another --out")
 
 
-def resume_requested(cfg: Any) -> bool:
-    """--resume, or a torchrun restart (TORCHELASTIC_RESTART_COUNT > 0) of a run that checkpoints."""
+def restarting() -> bool:
+    """This process is a torchrun restart (TORCHELASTIC_RESTART_COUNT > 0)."""
     restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return bool(cfg.reliability.resume) or (restarts.isdigit() and int(restarts) > 0)
+    return restarts.isdigit() and int(restarts) > 0
+
+
+def resume_requested(cfg: RunConfig) -> bool:
+    """--resume, or a torchrun restart (TORCHELASTIC_RESTART_COUNT > 0) of a run that checkpoints."""
+    return bool(cfg.reliability.resume) or restarting()
 
 
 def find_resume_step(out: Path | str, world_size: int, fp: dict[str, Any]) -> int | None:
@@ -156,7 +161,7 @@ def find_resume_step(out: Path | str, world_size: int, fp: dict[str, Any]) -> in
     return step
 
 
-def check_before_start(cfg: Any, world_size: int) -> None:
+def check_before_start(cfg: RunConfig, world_size: int) -> None:
     """The flag and file checks of checkpoint/resume (raises ValueError; before any process group)."""
     rel = cfg.reliability
     if rel.resume and cfg.out is None:
@@ -177,52 +182,32 @@ def check_before_start(cfg: Any, world_size: int) -> None:
 
 
 # ---- capture and restore ------------------------------------------------------------------
-def _sampler_state(sampler: Any) -> dict:
-    s = sampler.state_dict()
-    return {"rng": s["rng"], "order": torch.from_numpy(np.asarray(s["order"], dtype=np.int64).copy()), "pos": s["pos"]}
-
-
 class Checkpointer:
-    """The trainer's step hook that writes checkpoints, and the restore of one (see module doc)."""
+    """The trainer's step hook that writes checkpoints, and the restore of one (see module doc).
 
-    def __init__(self, out: Path | str, *, rank: int, world_size: int, every_steps: int, fp: dict[str, Any],
-                 skewscout: Any = None) -> None:
+    A checkpoint is the trainer's ``state_dict()`` plus this header: ``format``, ``step``,
+    ``rank``, ``world_size``, ``fingerprint`` (the settings a resume must share) and
+    ``written_unix_s``."""
+
+    def __init__(self, out: Path | str, *, rank: int, world_size: int, every_steps: int, fp: dict[str, Any]) -> None:
         self.out = Path(out)
         self.rank, self.world_size = rank, world_size
         self.every_steps = int(every_steps)
         self.fp = fp
-        self.skewscout = skewscout
         self.saved_steps: list[int] = []
         self._barrier = torch.zeros(1)
-        self._wall_before_s = 0.0  # wall seconds of the attempts before a resume
 
     # ---- save ----------------------------------------------------------------------------
-    def __call__(self, trainer: Any) -> None:
+    def __call__(self, trainer: Trainer) -> None:
         step = trainer.state.step
         if self.every_steps and step % self.every_steps == 0 and step < trainer.total_steps:
             self.save(trainer)
 
-    def capture(self, trainer: Any) -> dict:
-        st = trainer.state
-        comm_state = trainer.comm.state_dict() if hasattr(trainer.comm, "state_dict") else None
-        if comm_state is None and hasattr(trainer.comm, "ledger"):
-            comm_state = {"ledger": trainer.comm.ledger.state_dict()}
-        return {
-            "format": FORMAT, "step": st.step, "rank": self.rank, "world_size": self.world_size,
-            "fingerprint": self.fp, "written_unix_s": time.time(),
-            "model": {k: v.detach().clone().cpu() for k, v in trainer.model.state_dict().items()},
-            "algo": trainer.algo.state_dict(),
-            "sampler": _sampler_state(trainer.sampler),
-            "train_state": {"step": st.step, "loss_sum": st.loss_sum, "loss_count": st.loss_count,
-                            "correct": st.correct, "seen": st.seen, "local_train_loss": st.local_train_loss,
-                            "history": list(st.history)},
-            "torch_rng": torch.get_rng_state(),
-            "comm": comm_state,
-            "skewscout": self.skewscout.state_dict() if self.skewscout is not None else None,
-            "wall_s": self._wall_before_s + time.monotonic() - trainer.wall_t0,
-        }
+    def capture(self, trainer: Trainer) -> dict:
+        return {"format": FORMAT, "step": trainer.state.step, "rank": self.rank, "world_size": self.world_size,
+                "fingerprint": self.fp, "written_unix_s": time.time(), **trainer.state_dict()}
 
-    def save(self, trainer: Any) -> Path:
+    def save(self, trainer: Trainer) -> Path:
         step = trainer.state.step
         path = checkpoint_path(self.out, self.rank, step)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -236,36 +221,18 @@ class Checkpointer:
         return path
 
     # ---- restore -------------------------------------------------------------------------
-    def restore(self, trainer: Any, step: int) -> None:
+    def restore(self, trainer: Trainer, step: int) -> None:
         """Load this rank's checkpoint of ``step`` into a freshly built trainer (and its parts)."""
         path = checkpoint_path(self.out, self.rank, step)
         data = load_checkpoint(path)
         validate(data, path, rank=self.rank, step=step, fp=self.fp)
         try:
-            trainer.model.load_state_dict(data["model"])  # copies into the flat-buffer views
-            trainer.algo.load_state_dict(data["algo"])
-            s = data["sampler"]
-            trainer.sampler.load_state_dict({"rng": s["rng"], "order": np.asarray(s["order"]), "pos": s["pos"]})
-            ts = data["train_state"]
-            st = trainer.state
-            st.step, st.loss_sum, st.loss_count = int(ts["step"]), float(ts["loss_sum"]), int(ts["loss_count"])
-            st.correct, st.seen, st.local_train_loss = int(ts["correct"]), int(ts["seen"]), float(ts["local_train_loss"])
-            st.history = list(ts["history"])
-            torch.set_rng_state(data["torch_rng"])
-            if data.get("comm") is not None:
-                if hasattr(trainer.comm, "load_state_dict"):
-                    trainer.comm.load_state_dict(data["comm"])
-                else:
-                    trainer.comm.ledger.load_state_dict(data["comm"]["ledger"])
-            if self.skewscout is not None:
-                self.skewscout.load_state_dict(data["skewscout"])
+            trainer.load_state_dict(data)
         except ValueError:
             raise
         except (KeyError, RuntimeError, TypeError, IndexError) as exc:
             raise ValueError(f"checkpoint {path} does not fit this run's model/algorithm "
                              f"({type(exc).__name__}: {str(exc)[:200]})") from None
-        self._wall_before_s = float(data.get("wall_s", 0.0))
-        trainer.wall_t0 = time.monotonic() - self._wall_before_s
 
 
 def truncate_metrics(path: Path, step: int) -> None:

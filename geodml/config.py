@@ -1,26 +1,44 @@
 """Run configuration: one keyword-only dataclass per component, checked in ``__post_init__``.
 
-The CLI only maps flags onto these classes (DESIGN.md style rule 3). Every check raises
-``ValueError`` whose message names the command-line flag, so the CLI can print it once and
-exit with code 2 before any process group exists.
+This module is the only place options are validated, and the only place they are described:
+each field carries its command-line face in ``dataclasses.field(metadata=...)`` (see ``opt``):
+help text, flag name when it differs from the field's, choices, and which algorithms the
+option applies to. ``OPTIONS`` lists them all; geodml.cli generates the parser and reads TOML
+files from it (DESIGN.md style rule 3: the CLI only maps flags onto these classes). Every check
+raises ``ValueError`` whose message names the command-line flag, so the CLI can print it once
+and exit with code 2 before any process group exists.
+
+Registries of names (datasets, models, algorithms, WAN modes, ...) are defined here once; the
+modules that implement them import these tuples rather than restating them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import types
+import typing
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 DATASETS = ("digits", "fashion-mnist", "mnist", "cifar10")
 PARTITIONS = ("iid", "label", "dirichlet", "shards")
 MODELS = ("lenet", "resnet20", "logreg", "mlp")
 NORMS = ("none", "batch", "group")
-MODEL_NORMS = {"lenet": ("none", "batch", "group"), "resnet20": ("batch", "group"), "logreg": ("none",), "mlp": ("none",)}
+MODEL_NORMS = {"lenet": ("none", "batch", "group"), "resnet20": ("batch", "group"), "logreg": ("none",),
+               "mlp": ("none",)}
+"""The normalizations each model supports; the first is its natural default."""
 ALGOS = ("bsp", "gaia", "dgc", "fedavg", "local")
+"""Keys of geodml.algorithms.REGISTRY (tests/test_cli.py checks that they agree)."""
+KNOB_ALGOS = ("gaia", "fedavg", "dgc")
+"""The algorithms with a communication knob SkewScout can tune."""
 BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("auto", "cpu", "cuda")
 WAN_MODES = ("off", "virtual", "real")
+WIRE_AUTH_MODES = ("on", "off")
 LR_SCHEDULES = ("step", "poly")
+SEARCHES = ("hill", "stochastic", "annealing")
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -32,31 +50,50 @@ def _finite(x: float) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
+def opt(default: Any, *, help: str, flag: str | None = None, choices: tuple[str, ...] | None = None,
+        algos: tuple[str, ...] = (), metavar: str | None = None, group: str | None = None,
+        default_text: str | None = None) -> Any:
+    """A config field and its command-line face (the field's one line of documentation is ``help``).
+
+    flag: the flag when it is not ``--`` + the field name with dashes; a bool field defaulting to
+    True is switched off by its flag (``--no-progress``). choices: the registry the value must be
+    in. algos: the algorithms the option means something to (others warn that it does nothing).
+    group: the help section, when not the class's ``GROUP``. default_text: how ``--help`` shows
+    the default when the value itself does not say it (``None`` meaning "off", a computed path).
+    """
+    return field(default=default, metadata={"help": help, "flag": flag, "choices": choices, "algos": algos,
+                                            "metavar": metavar, "group": group, "default_text": default_text})
+
+
 @dataclass(kw_only=True)
 class DataConfig:
     """What data each partition trains on and how it is split."""
 
-    dataset: str = "digits"
-    """Dataset name: digits (embedded), fashion-mnist, mnist, cifar10."""
-    data_dir: str | None = None
-    """Directory with the dataset files (fashion-mnist defaults to the Debian package's)."""
-    partition: str = "iid"
-    """Partitioner: iid, label (Quagmire x% non-IID), dirichlet (Hsu et al.), shards (McMahan)."""
-    skew: float = 1.0
-    """For --partition label: fraction of the data partitioned by label (1.0 = 100% non-IID)."""
-    alpha: float = 0.5
-    """For --partition dirichlet: concentration alpha of Dir(alpha * p)."""
-    shards_per_partition: int = 2
-    """For --partition shards: shards of sorted labels per partition (McMahan et al.: 2)."""
-    cache: str = "auto"
-    """Decoded-dataset cache shared by the ranks: auto ($GEODML_DATA_CACHE or ~/.cache/geodml/datasets), off, or a directory."""
+    GROUP: ClassVar[str] = "data"
+
+    dataset: str = opt("digits", choices=DATASETS,
+                       help="dataset; digits is embedded, the others are read from --data-dir")
+    data_dir: str | None = opt(None, help="directory with the dataset files",
+                               default_text="/usr/share/datasets/fashion-mnist for fashion-mnist")
+    partition: str = opt("iid", choices=PARTITIONS, help="partitioner: iid, label (Quagmire x% non-IID), "
+                         "dirichlet (Hsu et al.), shards (McMahan et al.)")
+    skew: float = opt(1.0, help="--partition label: fraction of the data partitioned by label (1.0 = 100% non-IID)")
+    alpha: float = opt(0.5, help="--partition dirichlet: concentration alpha of Dir(alpha * p)")
+    shards_per_partition: int = opt(2, help="--partition shards: shards of sorted labels per partition "
+                                    "(McMahan et al.: 2)")
+    cache: str = opt("auto", flag="--data-cache", metavar="DIR",
+                     help="decoded dataset shared by the ranks (decode once, map K times): "
+                     "auto ($GEODML_DATA_CACHE or ~/.cache/geodml/datasets), off, or DIR")
 
     def __post_init__(self) -> None:
         _check(isinstance(self.cache, str) and self.cache.strip() != "",
                f"--data-cache must be auto, off or a directory, got {self.cache!r}")
-        _check(self.dataset in DATASETS, f"--dataset: unknown dataset {self.dataset!r}; choose one of {', '.join(DATASETS)}")
-        _check(self.partition in PARTITIONS, f"--partition: unknown partitioner {self.partition!r}; choose one of {', '.join(PARTITIONS)}")
-        _check(_finite(self.skew) and 0.0 <= self.skew <= 1.0, f"--skew must be a fraction in [0, 1], got {self.skew!r}")
+        _check(self.dataset in DATASETS,
+               f"--dataset: unknown dataset {self.dataset!r}; choose one of {', '.join(DATASETS)}")
+        _check(self.partition in PARTITIONS,
+               f"--partition: unknown partitioner {self.partition!r}; choose one of {', '.join(PARTITIONS)}")
+        _check(_finite(self.skew) and 0.0 <= self.skew <= 1.0,
+               f"--skew must be a fraction in [0, 1], got {self.skew!r}")
         _check(_finite(self.alpha) and self.alpha > 0, f"--alpha must be > 0, got {self.alpha!r}")
         _check(isinstance(self.shards_per_partition, int) and self.shards_per_partition >= 1,
                f"--shards-per-partition must be an integer >= 1, got {self.shards_per_partition!r}")
@@ -66,106 +103,114 @@ class DataConfig:
 class ModelConfig:
     """Which network every partition trains."""
 
-    model: str = "lenet"
-    """Architecture: lenet (the paper's CIFAR LeNet), resnet20, logreg, mlp."""
-    norm: str = "none"
-    """Normalization layers: none, batch (BN-LeNet), group (GN-LeNet, group size 2)."""
+    GROUP: ClassVar[str] = "model"
+
+    model: str = opt("lenet", choices=MODELS, help="network: lenet (the paper's CIFAR LeNet), resnet20, logreg, mlp")
+    norm: str = opt("none", choices=NORMS, help="normalization layers: none, batch (BN), group (GN, group size 2); "
+                    "resnet20 needs batch or group")
 
     def __post_init__(self) -> None:
         _check(self.model in MODELS, f"--model: unknown model {self.model!r}; choose one of {', '.join(MODELS)}")
         _check(self.norm in NORMS, f"--norm: unknown normalization {self.norm!r}; choose one of {', '.join(NORMS)}")
         allowed = MODEL_NORMS[self.model]
-        _check(self.norm in allowed, f"--norm {self.norm} is not available for --model {self.model}; use --norm {' or --norm '.join(allowed)}")
+        _check(self.norm in allowed, f"--norm {self.norm} is not available for --model {self.model}; "
+                                     f"use --norm {' or --norm '.join(allowed)}")
 
 
 @dataclass(kw_only=True)
 class OptimConfig:
     """Local momentum SGD and its learning-rate schedule (Quagmire Appendix C)."""
 
-    epochs: float = 30.0
-    """Training length in epochs (an epoch = total training set / (K * batch size) steps)."""
-    steps: int | None = None
-    """Training length in steps; overrides --epochs when given."""
-    batch_size: int = 20
-    """Minibatch size per partition (the paper: 20)."""
-    lr: float = 0.02
-    """Initial learning rate eta_0."""
-    lr_schedule: str = "step"
-    """step: divide by 10 at each milestone epoch; poly: eta_0 * (1 - step/max_steps) ** power."""
-    lr_milestones: tuple[float, ...] = ()
-    """Epochs at which the step schedule divides the learning rate by 10 (paper: 64, 96 of 128)."""
-    poly_power: float = 1.0
-    """Power of the polynomial decay schedule."""
-    momentum: float = 0.9
-    """Momentum m of vanilla momentum SGD."""
-    weight_decay: float = 0.0005
-    """L2 weight decay added to the gradient."""
+    GROUP: ClassVar[str] = "optimization"
+
+    epochs: float = opt(30.0, help="training length in epochs (an epoch = training set / (K * batch size) steps)")
+    steps: int | None = opt(None, help="training length in steps; overrides --epochs")
+    batch_size: int = opt(20, help="minibatch size per partition (the paper: 20)")
+    lr: float = opt(0.02, help="initial learning rate eta_0")
+    lr_schedule: str = opt("step", choices=LR_SCHEDULES, help="step: divide by 10 at each milestone; "
+                           "poly: eta_0 * (1 - step/max_steps) ** power")
+    lr_milestones: tuple[float, ...] = opt((), default_text="none: a constant rate",
+                                           help="epochs at which the step schedule divides the learning rate by 10, "
+                                           "comma-separated, e.g. 64,96 (the paper: 64,96 of 128)")
+    poly_power: float = opt(1.0, help="power of the poly schedule")
+    momentum: float = opt(0.9, help="momentum m of vanilla momentum SGD")
+    weight_decay: float = opt(0.0005, help="L2 weight decay added to the gradient")
 
     def __post_init__(self) -> None:
         _check(_finite(self.epochs) and self.epochs > 0, f"--epochs must be > 0, got {self.epochs!r}")
-        _check(self.steps is None or (isinstance(self.steps, int) and self.steps >= 1), f"--steps must be an integer >= 1, got {self.steps!r}")
-        _check(isinstance(self.batch_size, int) and self.batch_size >= 1, f"--batch-size must be an integer >= 1, got {self.batch_size!r}")
+        _check(self.steps is None or (isinstance(self.steps, int) and self.steps >= 1),
+               f"--steps must be an integer >= 1, got {self.steps!r}")
+        _check(isinstance(self.batch_size, int) and self.batch_size >= 1,
+               f"--batch-size must be an integer >= 1, got {self.batch_size!r}")
         _check(_finite(self.lr) and self.lr > 0, f"--lr must be > 0, got {self.lr!r}")
-        _check(self.lr_schedule in LR_SCHEDULES, f"--lr-schedule: choose one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}")
+        _check(self.lr_schedule in LR_SCHEDULES,
+               f"--lr-schedule: choose one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}")
         ms = tuple(self.lr_milestones)
         _check(all(_finite(m) and m > 0 for m in ms), f"--lr-milestones must be positive epochs, got {ms!r}")
         _check(list(ms) == sorted(set(ms)), f"--lr-milestones must be strictly increasing, got {ms!r}")
         self.lr_milestones = ms
         _check(_finite(self.poly_power) and self.poly_power > 0, f"--poly-power must be > 0, got {self.poly_power!r}")
-        _check(_finite(self.momentum) and 0.0 <= self.momentum < 1.0, f"--momentum must be in [0, 1), got {self.momentum!r}")
-        _check(_finite(self.weight_decay) and self.weight_decay >= 0, f"--weight-decay must be >= 0, got {self.weight_decay!r}")
+        _check(_finite(self.momentum) and 0.0 <= self.momentum < 1.0,
+               f"--momentum must be in [0, 1), got {self.momentum!r}")
+        _check(_finite(self.weight_decay) and self.weight_decay >= 0,
+               f"--weight-decay must be >= 0, got {self.weight_decay!r}")
+
+
+GAIA, DGC, FEDAVG = ("gaia",), ("dgc",), ("fedavg",)
 
 
 @dataclass(kw_only=True)
 class AlgoConfig:
-    """Which decentralized learning algorithm runs and its hyper-parameters (Quagmire Appendix A)."""
+    """Which decentralized learning algorithm runs and its hyper-parameters (Quagmire Appendix A).
 
-    algo: str = "bsp"
-    """bsp, gaia, dgc, fedavg, or local (no communication: each partition trains alone)."""
+    One flat section (``cfg.algo.t0``, ``cfg.algo.iter_local``: the run directory's config.json
+    and checkpoint fingerprints name them so); each knob says which algorithm it belongs to in
+    its metadata (``algos``), which titles its help and warns when it is given to another one.
+    """
+
+    GROUP: ClassVar[str] = "algorithm"
+
+    algo: str = opt("bsp", choices=ALGOS, help="decentralized learning algorithm; local: no communication, "
+                    "each partition trains alone")
     # Gaia (Algorithm 1)
-    t0: float = 0.1
-    """Gaia: initial significance threshold T0 (0.1 = 10%); T_t = T0 * lr_t / lr_0."""
+    t0: float = opt(0.1, algos=GAIA, help="initial significance threshold T0, 0.1 = 10%; T_t = T0 * lr_t / lr_0")
     # DeepGradientCompression (Algorithm 3)
-    sparsity: float = 0.999
-    """DGC: final update sparsity s (0.999 = send the top 0.1%)."""
-    e_warm: float = 4.0
-    """DGC: epochs per sparsity warm-up stage (75%, 93.75%, 98.4375%, 99.6%, then --sparsity); 0 disables warm-up."""
-    clip_norm: float | None = None
-    """DGC: global L2 gradient-clipping threshold; each partition clips its own gradient at clip_norm/sqrt(K) (Lin et al.); None: off."""
-    dgc_sample_ratio: float = 0.01
-    """DGC: fraction of elements sampled to estimate the top-s threshold."""
+    sparsity: float = opt(0.999, algos=DGC, help="final update sparsity s (0.999 = send the top 0.1%)")
+    e_warm: float = opt(4.0, algos=DGC, help="epochs per sparsity warm-up stage (75%, 93.75%, 98.4375%, 99.6%, "
+                        "then --sparsity); 0: no warm-up")
+    clip_norm: float | None = opt(None, algos=DGC, default_text="off", help="global L2 gradient-clipping threshold; "
+                                  "each partition clips its own gradient at clip_norm/sqrt(K) (Lin et al.)")
+    dgc_sample_ratio: float = opt(0.01, algos=DGC, help="fraction of elements sampled to estimate the top-s threshold")
     # FederatedAveraging (Algorithm 2) and variants
-    iter_local: int = 20
-    """FedAvg: local iterations between model averages (Iter_Local)."""
-    reset_momentum: bool = False
-    """FedAvg: reset the local momentum buffer every round (Algorithm 2 keeps it)."""
-    client_fraction: float = 1.0
-    """FedAvg: fraction of partitions selected each round (seeded, identical on every rank)."""
-    server_momentum: float = 0.0
-    """FedAvgM (Hsu et al. 2019): server momentum beta (0 = plain FedAvg)."""
-    server_lr: float = 1.0
-    """FedAvgM: server learning rate."""
-    server_nesterov: bool = False
-    """FedAvgM: Nesterov server momentum."""
-    prox_mu: float = 0.0
-    """FedProx (Li et al. 2020): proximal term weight mu (0 = off)."""
-    fedir: bool = False
-    """FedIR (Hsu et al. 2020): importance weights p(y)/q_k(y) on each partition's loss."""
-    virtual_client_size: int = 0
-    """FedVC (Hsu et al. 2020): examples per selected partition per round (0 = off)."""
-    iwds: tuple[float, ...] | None = None
-    """IWDS: (beta0, beta_m, rho) of the per-sample weight schedule (None = off)."""
+    iter_local: int = opt(20, algos=FEDAVG, help="local iterations between model averages (Iter_Local)")
+    reset_momentum: bool = opt(False, algos=FEDAVG, help="reset the local momentum buffer every round "
+                               "(Algorithm 2 keeps it)")
+    client_fraction: float = opt(1.0, algos=FEDAVG, help="fraction of partitions selected each round "
+                                 "(seeded, identical on every rank)")
+    server_momentum: float = opt(0.0, algos=FEDAVG, help="FedAvgM (Hsu et al. 2019) server momentum beta "
+                                 "(0: plain FedAvg)")
+    server_lr: float = opt(1.0, algos=FEDAVG, help="FedAvgM server learning rate")
+    server_nesterov: bool = opt(False, algos=FEDAVG, help="Nesterov server momentum (FedAvgM)")
+    prox_mu: float = opt(0.0, algos=FEDAVG, help="FedProx (Li et al. 2020) proximal term weight mu (0: off)")
+    fedir: bool = opt(False, algos=FEDAVG, help="FedIR (Hsu et al. 2020): importance weights p(y)/q_k(y) "
+                      "on each partition's loss")
+    virtual_client_size: int = opt(0, algos=FEDAVG, help="FedVC (Hsu et al. 2020): examples per selected partition "
+                                   "per round (0: off)")
+    iwds: tuple[float, ...] | None = opt(None, algos=FEDAVG, default_text="off",
+                                         help="IWDS per-sample weight schedule beta0,beta_m,rho")
 
     def __post_init__(self) -> None:
         _check(self.algo in ALGOS, f"--algo: unknown algorithm {self.algo!r}; choose one of {', '.join(ALGOS)}")
         _check(_finite(self.t0) and self.t0 >= 0, f"--t0 must be >= 0 (a fraction, 0.1 = 10%), got {self.t0!r}")
-        _check(_finite(self.sparsity) and 0.0 <= self.sparsity < 1.0, f"--sparsity must be in [0, 1), got {self.sparsity!r}")
+        _check(_finite(self.sparsity) and 0.0 <= self.sparsity < 1.0,
+               f"--sparsity must be in [0, 1), got {self.sparsity!r}")
         _check(_finite(self.e_warm) and self.e_warm >= 0, f"--e-warm must be >= 0 epochs, got {self.e_warm!r}")
         _check(self.clip_norm is None or (_finite(self.clip_norm) and self.clip_norm > 0),
                f"--clip-norm must be > 0, got {self.clip_norm!r}")
         _check(_finite(self.dgc_sample_ratio) and 0 < self.dgc_sample_ratio <= 1,
                f"--dgc-sample-ratio must be in (0, 1], got {self.dgc_sample_ratio!r}")
-        _check(isinstance(self.iter_local, int) and self.iter_local >= 1, f"--iter-local must be an integer >= 1, got {self.iter_local!r}")
+        _check(isinstance(self.iter_local, int) and self.iter_local >= 1,
+               f"--iter-local must be an integer >= 1, got {self.iter_local!r}")
         _check(_finite(self.client_fraction) and 0 < self.client_fraction <= 1,
                f"--client-fraction must be in (0, 1], got {self.client_fraction!r}")
         _check(_finite(self.server_momentum) and 0 <= self.server_momentum < 1,
@@ -185,34 +230,32 @@ class AlgoConfig:
                    f"--iwds: need 0 <= beta0, beta_m < 1 and 0 < rho <= 1, got {self.iwds!r}")
 
 
-SEARCHES = ("hill", "stochastic", "annealing")
-
-
 @dataclass(kw_only=True)
 class SkewScoutConfig:
     """SkewScout (Quagmire §7): model traveling and communication control."""
 
-    enabled: bool = False
-    """Run SkewScout (needs an algorithm with a knob: gaia, fedavg, dgc)."""
-    travel_every: int = 500
-    """Travel models and decide every this many steps (the paper: 500 minibatches)."""
-    travel_samples: int = 100
-    """Training examples the host evaluates a visiting model on (small on purpose, §7.2)."""
-    lambda_al: float = 50.0
-    """Equation 1 weight of the accuracy-loss penalty (paper: 50)."""
-    lambda_c: float = 1.0
-    """Equation 1 weight of communication (paper: 1)."""
-    sigma_al: float = 0.05
-    """Tolerated accuracy loss (paper: 5%)."""
-    search: str = "hill"
-    """hill, stochastic (hill climbing) or annealing (simulated annealing)."""
+    GROUP: ClassVar[str] = "SkewScout (Quagmire section 7)"
+
+    enabled: bool = opt(False, flag="--skewscout", help="travel models and tune the algorithm's communication knob "
+                        f"({', '.join(KNOB_ALGOS)})")
+    travel_every: int = opt(500, help="steps between model travels and decisions (the paper: 500 minibatches)")
+    travel_samples: int = opt(100, help="training examples a host evaluates a visiting model on "
+                              "(small on purpose, section 7.2)")
+    lambda_al: float = opt(50.0, help="Equation 1 weight of the accuracy-loss penalty (the paper: 50)")
+    lambda_c: float = opt(1.0, help="Equation 1 weight of communication (the paper: 1)")
+    sigma_al: float = opt(0.05, help="tolerated accuracy loss (the paper: 0.05 = 5%)")
+    search: str = opt("hill", flag="--skewscout-search", choices=SEARCHES,
+                      help="hill, stochastic (hill climbing) or annealing (simulated annealing)")
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.travel_every, int) and self.travel_every >= 1, f"--travel-every must be an integer >= 1, got {self.travel_every!r}")
-        _check(isinstance(self.travel_samples, int) and self.travel_samples >= 1, f"--travel-samples must be an integer >= 1, got {self.travel_samples!r}")
+        _check(isinstance(self.travel_every, int) and self.travel_every >= 1,
+               f"--travel-every must be an integer >= 1, got {self.travel_every!r}")
+        _check(isinstance(self.travel_samples, int) and self.travel_samples >= 1,
+               f"--travel-samples must be an integer >= 1, got {self.travel_samples!r}")
         _check(_finite(self.lambda_al) and self.lambda_al >= 0, f"--lambda-al must be >= 0, got {self.lambda_al!r}")
         _check(_finite(self.lambda_c) and self.lambda_c >= 0, f"--lambda-c must be >= 0, got {self.lambda_c!r}")
-        _check(_finite(self.sigma_al) and 0 <= self.sigma_al <= 1, f"--sigma-al must be in [0, 1], got {self.sigma_al!r}")
+        _check(_finite(self.sigma_al) and 0 <= self.sigma_al <= 1,
+               f"--sigma-al must be in [0, 1], got {self.sigma_al!r}")
         _check(self.search in SEARCHES, f"--skewscout-search: choose one of {', '.join(SEARCHES)}, got {self.search!r}")
 
 
@@ -220,42 +263,46 @@ class SkewScoutConfig:
 class CommConfig:
     """Emulated WAN and peer transport."""
 
-    topology: str | None = None
-    """Topology name (a file in topologies/) or path; None: one region per rank, joined by an illustrative 100 Mbit/s, 50 ms WAN."""
-    wan: str = "virtual"
-    """off: count bytes; virtual: also advance an emulated clock; real: pace sends in wall time."""
-    wan_scale: float = 1.0
-    """Multiply every link bandwidth by this factor (run a slow WAN faster); reported."""
-    bind_host: str | None = None
-    """Address the ZeroMQ socket binds and advertises; default: this node's address towards MASTER_ADDR (127.0.0.1 on one machine); * or 0.0.0.0 binds all interfaces."""
-    timeout_s: float = 60.0
-    """How long any wait on a peer may take before the run fails naming that peer."""
-    wire_auth: str = "on"
-    """on: every ZeroMQ message carries a MAC under a per-run secret (docs/reliability.md); off: no MAC (trusted networks)."""
-    max_message_mb: float = 512.0
-    """Largest ZeroMQ message (MiB) a rank sends or accepts; larger incoming ones are dropped and counted."""
+    GROUP: ClassVar[str] = "WAN and communication"
+
+    topology: str | None = opt(None, help="topology name (a file in topologies/) or path to a .toml file",
+                               default_text="one region per rank, joined by an illustrative 100 Mbit/s, 50 ms WAN")
+    wan: str = opt("virtual", choices=WAN_MODES, help="off: count bytes; virtual: also advance an emulated clock; "
+                   "real: pace sends in wall time")
+    wan_scale: float = opt(1.0, help="multiply every link bandwidth by this factor (run a slow WAN faster); reported")
+    bind_host: str | None = opt(None, help="address this node's ZeroMQ socket binds and advertises; "
+                                "* or 0.0.0.0 binds all interfaces",
+                                default_text="this node's address towards MASTER_ADDR, 127.0.0.1 on one machine")
+    timeout_s: float = opt(60.0, flag="--comm-timeout", help="seconds any wait on a peer may take before the run "
+                           "fails naming that peer")
+    wire_auth: str = opt("on", choices=WIRE_AUTH_MODES, help="on: every ZeroMQ message carries a MAC under a per-run "
+                         "secret (docs/reliability.md); off: no MAC (trusted networks)")
+    max_message_mb: float = opt(512.0, help="largest ZeroMQ message a rank sends or accepts, MiB; larger incoming ones "
+                                "are dropped and counted")
 
     def __post_init__(self) -> None:
         _check(self.wan in WAN_MODES, f"--wan: choose one of {', '.join(WAN_MODES)}, got {self.wan!r}")
-        _check(self.wire_auth in ("on", "off"), f"--wire-auth: choose on or off, got {self.wire_auth!r}")
+        _check(self.wire_auth in WIRE_AUTH_MODES, f"--wire-auth: choose on or off, got {self.wire_auth!r}")
         _check(_finite(self.max_message_mb) and 1 / 1024 <= self.max_message_mb <= 1 << 20,
                f"--max-message-mb must be between 0.001 (1 KiB) and 1048576 MiB, got {self.max_message_mb!r}")
         _check(_finite(self.wan_scale) and self.wan_scale > 0, f"--wan-scale must be > 0, got {self.wan_scale!r}")
-        _check(_finite(self.timeout_s) and self.timeout_s > 0, f"--comm-timeout must be > 0 seconds, got {self.timeout_s!r}")
+        _check(_finite(self.timeout_s) and self.timeout_s > 0,
+               f"--comm-timeout must be > 0 seconds, got {self.timeout_s!r}")
 
 
 @dataclass(kw_only=True)
 class ReliabilityConfig:
     """Checkpoints, resume and peer-failure detection (docs/reliability.md)."""
 
-    checkpoint_every: int = 0
-    """Write every rank's full state to <out>/rank<k>/ckpt-<step>.pt every this many steps (0: never)."""
-    resume: bool = False
-    """Continue from the newest step every rank has a checkpoint of (start fresh when there is none);
-    implied under torchrun after a restart (TORCHELASTIC_RESTART_COUNT > 0)."""
-    peer_timeout_s: float = 30.0
-    """A rank whose heartbeat (through the torch.distributed store) stops this long is declared lost:
-    every other rank exits non-zero naming it."""
+    GROUP: ClassVar[str] = "reliability (docs/reliability.md)"
+
+    checkpoint_every: int = opt(0, metavar="N", help="write every rank's full state to <out>/rank<k>/ckpt-<step>.pt "
+                                "every N steps (0: never)")
+    resume: bool = opt(False, help="continue from the newest step every rank has a checkpoint of in --out "
+                       "(fresh start when none); implied after a torchrun --max-restarts restart "
+                       "(TORCHELASTIC_RESTART_COUNT > 0)")
+    peer_timeout_s: float = opt(30.0, metavar="S", help="a rank whose heartbeat (through the torch.distributed store) "
+                                "stops this many seconds is declared lost: every other rank exits non-zero naming it")
 
     def __post_init__(self) -> None:
         _check(isinstance(self.checkpoint_every, int) and not isinstance(self.checkpoint_every, bool)
@@ -270,6 +317,8 @@ class ReliabilityConfig:
 class RunConfig:
     """Everything one run needs; identical on every rank."""
 
+    GROUP: ClassVar[str] = "run"
+
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -277,42 +326,188 @@ class RunConfig:
     comm: CommConfig = field(default_factory=CommConfig)
     skewscout: SkewScoutConfig = field(default_factory=SkewScoutConfig)
     reliability: ReliabilityConfig = field(default_factory=ReliabilityConfig)
-    seed: int = 0
-    """Seed of every generator (partitioning, init, minibatch order)."""
-    eval_every: int = 100
-    """Validate the global model on the whole test set every this many steps (and at the end)."""
-    out: str | None = None
-    """Run directory; default runs/<timestamp>-<algo>."""
-    backend: str = "auto"
-    """torch.distributed backend: auto (nccl if CUDA is available, else gloo), gloo, nccl."""
-    device: str = "auto"
-    """Where each rank trains: auto (the GPU with nccl, else the CPU), cpu, or cuda (with gloo: ranks share the GPUs)."""
-    threads: int = 1
-    """torch intra-op threads per rank (1: two threads per rank collapse under contention)."""
-    log_every: int = 10
-    """Write a metrics.jsonl line (averaged over partitions) every this many steps."""
-    progress: bool = True
-    """Rank 0 prints live progress."""
-    metrics_port: int = 0
-    """Prometheus exporter of every rank on port metrics_port + local rank (0: no exporter)."""
-    metrics_host: str = "127.0.0.1"
-    """Address the exporters listen on (loopback by default; 0.0.0.0 to be scraped from other hosts)."""
-    metrics_linger_s: float = 10.0
-    """Seconds the exporters stay up after the run so Prometheus scrapes the final values (with --metrics-port)."""
+    seed: int = opt(0, help="seed of every generator (partitioning, init, minibatch order)")
+    eval_every: int = opt(100, help="validate the global model on the whole test set every this many steps "
+                          "(and at the end)")
+    out: str | None = opt(None, help="run directory", default_text="runs/<timestamp>-<algo>")
+    backend: str = opt("auto", choices=BACKENDS, help="torch.distributed backend; auto: nccl if CUDA is available, "
+                       "else gloo")
+    device: str = opt("auto", choices=DEVICES, help="where ranks train; auto: each rank's GPU with nccl, else the CPU; "
+                      "cuda with --backend gloo lets several ranks share a GPU")
+    threads: int = opt(1, help="torch intra-op threads per rank (two per rank collapse under contention)")
+    log_every: int = opt(10, help="write a metrics.jsonl line (averaged over partitions) every this many steps")
+    progress: bool = opt(True, flag="--no-progress", help="no live progress line (rank 0 prints one by default)")
+    metrics_port: int = opt(0, group="metrics", metavar="BASE", help="Prometheus exporter on every rank at port "
+                            "BASE + local rank; writes <out>/prometheus_targets.json (0: no exporter)")
+    metrics_host: str = opt("127.0.0.1", group="metrics", metavar="HOST", help="address the exporters listen on "
+                            "(0.0.0.0 to be scraped from other hosts)")
+    metrics_linger_s: float = opt(10.0, flag="--metrics-linger", group="metrics", metavar="S",
+                                  help="seconds the exporters stay up after the run so Prometheus scrapes the final "
+                                  "values (with --metrics-port)")
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.seed, int) and self.seed >= 0, f"--seed must be a non-negative integer, got {self.seed!r}")
-        _check(isinstance(self.eval_every, int) and self.eval_every >= 1, f"--eval-every must be an integer >= 1, got {self.eval_every!r}")
-        _check(isinstance(self.log_every, int) and self.log_every >= 1, f"--log-every must be an integer >= 1, got {self.log_every!r}")
+        _check(isinstance(self.seed, int) and self.seed >= 0,
+               f"--seed must be a non-negative integer, got {self.seed!r}")
+        _check(isinstance(self.eval_every, int) and self.eval_every >= 1,
+               f"--eval-every must be an integer >= 1, got {self.eval_every!r}")
+        _check(isinstance(self.log_every, int) and self.log_every >= 1,
+               f"--log-every must be an integer >= 1, got {self.log_every!r}")
         _check(self.backend in BACKENDS, f"--backend: choose one of {', '.join(BACKENDS)}, got {self.backend!r}")
         _check(self.device in DEVICES, f"--device: choose one of {', '.join(DEVICES)}, got {self.device!r}")
-        _check(isinstance(self.threads, int) and self.threads >= 1, f"--threads must be an integer >= 1, got {self.threads!r}")
+        _check(isinstance(self.threads, int) and self.threads >= 1,
+               f"--threads must be an integer >= 1, got {self.threads!r}")
         _check(isinstance(self.metrics_port, int) and 0 <= self.metrics_port <= 65535,
-               f"--metrics-port must be a TCP port in [1, 65535] (or 0 to disable the exporter), got {self.metrics_port!r}")
+               f"--metrics-port must be a TCP port in [1, 65535] (or 0 to disable the exporter), "
+               f"got {self.metrics_port!r}")
         _check(isinstance(self.metrics_host, str) and self.metrics_host.strip() != "",
                f"--metrics-host must be an address such as 127.0.0.1 or 0.0.0.0, got {self.metrics_host!r}")
         _check(_finite(self.metrics_linger_s) and self.metrics_linger_s >= 0,
                f"--metrics-linger must be >= 0 seconds, got {self.metrics_linger_s!r}")
+        _check(not self.skewscout.enabled or self.algo.algo in KNOB_ALGOS,
+               f"--skewscout tunes a communication knob; --algo {self.algo.algo} has none "
+               f"(use {', '.join(KNOB_ALGOS[:-1])} or {KNOB_ALGOS[-1]})")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+# ---- the options, as the command line and TOML files see them ---------------------------------
+
+def _sections() -> dict[str, type]:
+    hints = typing.get_type_hints(RunConfig)
+    return {f.name: hints[f.name] for f in dataclasses.fields(RunConfig) if isinstance(hints[f.name], type)
+            and dataclasses.is_dataclass(hints[f.name])}
+
+
+SECTIONS = _sections()
+"""RunConfig's sections, attribute name -> dataclass, in RunConfig's order (the order they are checked in)."""
+
+
+def parse_floats(text: str) -> tuple[float, ...]:
+    """``"64,96"`` -> ``(64.0, 96.0)``: how tuple options are written on the command line; ValueError otherwise."""
+    return tuple(float(x) for x in text.replace(" ", "").split(",") if x)
+
+
+def _of_kind(kind: type, v: Any) -> bool:
+    """Whether the TOML value ``v`` is of the field kind ``kind`` (a boolean is no number; an integer is a float)."""
+    if kind is bool or isinstance(v, bool):
+        return kind is bool and isinstance(v, bool)
+    return isinstance(v, kind) or (kind is float and isinstance(v, int))
+
+
+_TOML_KINDS = ((bool, "a boolean"), (int, "an integer"), (float, "a float"), (str, "a string"), (list, "an array"),
+               (dict, "a table"))
+_EXPECTED = {bool: "a boolean (true/false)", int: "an integer", float: "a number", str: "a string",
+             tuple: 'an array of numbers such as [64, 96] (or a string "64,96")'}
+
+
+def _toml_kind(v: Any) -> str:
+    return next((name for t, name in _TOML_KINDS if isinstance(v, t)), "a date/time")
+
+
+def _toml_text(v: Any) -> str:
+    """``v`` as it is written in TOML."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_text(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} = {_toml_text(x)}" for k, x in v.items()) + "}"
+    return str(v)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One RunConfig field as a command-line flag and a TOML key (built from the field's ``opt`` metadata)."""
+
+    section: str | None
+    """The RunConfig attribute holding the field's dataclass; None for a field of RunConfig itself."""
+    name: str
+    """The field's name in its dataclass."""
+    flag: str
+    """The command-line flag, e.g. ``--comm-timeout``."""
+    dest: str
+    """The argparse destination and TOML key (``-`` or ``_``), e.g. ``comm_timeout``; ``progress`` for --no-progress."""
+    kind: type
+    """bool (a switch), int, float, str, or tuple (a tuple of floats)."""
+    default: Any
+    help: str
+    group: str
+    """The --help section."""
+    choices: tuple[str, ...] | None
+    algos: tuple[str, ...]
+    """The algorithms the option means something to; empty: all of them."""
+    metavar: str | None
+    default_text: str | None
+
+    @property
+    def owner(self) -> type:
+        return SECTIONS[self.section] if self.section else RunConfig
+
+    def from_toml(self, key: str, value: Any) -> Any:
+        """``value`` from a TOML file as the field takes it (arrays become tuples, "64,96" as on the command line).
+
+        A value of the wrong TOML type is a ValueError naming ``key``, the value and the type
+        expected, followed by what the field's own check says of the value, if anything.
+        """
+        problem = _toml_kind(value)
+        if self.kind is tuple:
+            if isinstance(value, str):
+                try:
+                    return parse_floats(value)
+                except ValueError:
+                    problem = "a string that is not comma-separated numbers"
+            elif isinstance(value, list):
+                bad = [x for x in value if not _of_kind(float, x)]
+                if not bad:
+                    return tuple(value)
+                problem = f"an array holding {_toml_kind(bad[0])} ({_toml_text(bad[0])})"
+        elif _of_kind(self.kind, value):
+            return value
+        verdict = self._verdict(value)
+        raise ValueError(f"{key} = {_toml_text(value)} is {problem}; expected {_EXPECTED[self.kind]}"
+                         + (f" ({verdict})" if verdict else ""))
+
+    def _verdict(self, value: Any) -> str | None:
+        """What the owning dataclass's check says of ``value`` (None: no objection, or it cannot judge it)."""
+        try:
+            self.owner(**{self.name: value})
+        except ValueError as exc:
+            return str(exc)
+        except Exception:  # a wrong-typed value may trip a check's own arithmetic; the type error is enough
+            return None
+        return None
+
+
+def _kind_of(hint: Any) -> type:
+    """bool, int, float, str or tuple from a field's type (``X | None`` is X: TOML and flags have no None)."""
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        (hint,) = [a for a in typing.get_args(hint) if a is not type(None)]
+    kind = typing.get_origin(hint) or hint
+    assert kind in (bool, int, float, str, tuple), f"no command-line form for fields of type {hint}"
+    return kind
+
+
+def _options() -> tuple[Option, ...]:
+    out = []
+    for section, cls in [*SECTIONS.items(), (None, RunConfig)]:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if not f.metadata:  # RunConfig's sections
+                continue
+            m = f.metadata
+            kind = _kind_of(hints[f.name])
+            flag = m["flag"] or "--" + f.name.replace("_", "-")
+            off_switch = kind is bool and f.default is True
+            assert not off_switch or flag.startswith("--no-"), f"{flag}: a switch that turns {f.name} off is --no-..."
+            dest = (flag.removeprefix("--no-") if off_switch else flag.removeprefix("--")).replace("-", "_")
+            out.append(Option(section=section, name=f.name, flag=flag, dest=dest, kind=kind, default=f.default,
+                              help=m["help"], group=m["group"] or getattr(cls, "GROUP"), choices=m["choices"],
+                              algos=m["algos"], metavar=m["metavar"], default_text=m["default_text"]))
+    return tuple(out)
+
+
+OPTIONS: tuple[Option, ...] = _options()
+"""Every option, section by section in RunConfig's order, then RunConfig's own fields."""

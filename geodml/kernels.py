@@ -13,7 +13,7 @@ import os
 try:
     if os.environ.get("GEODML_NO_KERNELS", "") not in ("", "0"):
         raise ImportError("disabled by GEODML_NO_KERNELS")
-    from geodml import _kernels as compiled
+    import geodml._kernels as compiled
     UNAVAILABLE_REASON = ""
 except ImportError as exc:  # no compiler at install time, or disabled: the NumPy path is used
     compiled = None

@@ -20,7 +20,8 @@ carries ``TORCHELASTIC_RESTART_COUNT`` because a torchrun agent's store outlives
 
 ``fault_hook_from_env`` is the test hook: ``GEODML_FAULT="rank=1,step=7,how=kill"`` makes rank
 1 kill itself (SIGKILL; ``how=exit``: ``os._exit(17)``) after step 7 of the first attempt
-(``restart=N`` for another one).
+(``restart=N`` for another one); ``at=startup`` / ``at=finished`` instead of ``step=S`` picks a
+point of the run (:func:`fault_point`).
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ class PeerWatch:
 
     def __init__(self, *, rank: int, world_size: int, timeout_s: float, store: Any = None,
                  store_name: str = "the torch.distributed store", store_on_rank0: bool = True,
-                 on_lost: Callable[[str], None] | None = None) -> None:
+                 on_lost: Callable[[str], None] | None = None,
+                 on_input_error: Callable[[str], None] | None = None) -> None:
         self.rank, self.world_size = rank, world_size
         self.timeout_s = float(timeout_s)
         self.interval_s = min(1.0, self.timeout_s / 4)
@@ -77,6 +79,7 @@ class PeerWatch:
         self.store, self.store_name, self.store_on_rank0 = store, store_name, store_on_rank0
         self.ns = f"geodml/peerwatch/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
         self.on_lost = on_lost or _exit_lost
+        self.on_input_error = on_input_error or (lambda msg: _exit_input_error(msg, rank))
         self.verdict: str | None = None
         self._stop = threading.Event()
         self._decided = threading.Event()
@@ -95,8 +98,8 @@ class PeerWatch:
         peers = [r for r in range(self.world_size) if r != self.rank]
         t0 = time.monotonic()
         last = {r: -1 for r in peers}
-        changed = {r: t0 for r in peers}
-        last_good = t0
+        changed = self._changed = {r: t0 for r in peers}  # shared with last_view(): read-only there
+        last_good = self._last_good = t0
         while not self._stop.wait(self.interval_s):
             now = time.monotonic()
             try:
@@ -104,10 +107,17 @@ class PeerWatch:
                 verdict = lost = None
                 for r in peers:
                     if self.store.add(self._key("failed", r), 0):
+                        if self.store.add(self._key("input", r), 0):  # a bad input: exit 2 like rank r
+                            message = self.store.get(self._key("input_message", r)).decode("utf-8", "replace")
+                            with self._lock:  # held while exiting: the main thread cannot print it a second time
+                                if not self._stop.is_set():
+                                    self.on_input_error(message)
+                            return
                         verdict, lost = f"rank {r} lost: it failed and stopped", r
                         break
                     if self.store.add(self._key("lost", r), 0):   # another rank already declared it
-                        verdict, lost = f"rank {r} lost: no heartbeat (declared by a peer, --peer-timeout-s {self.timeout_s:g})", r
+                        verdict = f"rank {r} lost: no heartbeat (declared by a peer, --peer-timeout-s {self.timeout_s:g})"
+                        lost = r
                         break
                     if self.store.add(self._key("done", r), 0):
                         changed[r] = now
@@ -119,7 +129,7 @@ class PeerWatch:
                         verdict, lost = (f"rank {r} lost: no heartbeat for {now - changed[r]:.1f} s "
                                          f"(--peer-timeout-s {self.timeout_s:g})"), r
                         break
-                last_good = now
+                last_good = self._last_good = now
                 if lost is not None:
                     self.store.add(self._key("lost", lost), 1)  # the others stop at once, naming the same rank
             except Exception as exc:  # noqa: BLE001 -- the store's own error types vary
@@ -144,15 +154,35 @@ class PeerWatch:
                 self.on_lost(f"geodml: error: {verdict}; stopping rank {self.rank}")
                 return
 
+    def last_view(self, now: float | None = None) -> str | None:
+        """What this watch last saw go wrong, or None: the peers silent for more than two heartbeat
+        intervals (oldest first) and whether the store stopped answering. For a rank being stopped
+        from outside (its torchrun agent's SIGTERM) to say why before it goes."""
+        now = time.monotonic() if now is None else now
+        changed = dict(getattr(self, "_changed", {}))
+        last_good = getattr(self, "_last_good", now)
+        quiet = 2 * self.interval_s
+        silent = sorted((r for r in changed if last_good - changed[r] > quiet), key=lambda r: changed[r])
+        parts = [f"rank {r} silent for {now - changed[r]:.1f} s" for r in silent[:4]]
+        if now - last_good > quiet:
+            who = "rank 0's" if self.store_on_rank0 else f"the torchrun agent's at {self.store_name}"
+            parts.append(f"the store ({who}) not answering for {now - last_good:.1f} s")
+        return "; ".join(parts) or None
+
     def await_verdict(self, timeout_s: float | None = None) -> str | None:
         """Wait (at most ``timeout_s``, default the peer timeout plus two intervals) for the thread to
         name a lost peer; the default ``on_lost`` exits the process, so this returns only without one."""
         self._decided.wait(self.timeout_s + 2 * self.interval_s if timeout_s is None else timeout_s)
         return self.verdict
 
-    def mark_failed(self) -> None:
-        """Tell the peers this rank fails on its own (they stop at their next check, naming it)."""
+    def mark_failed(self, *, input_error: str | None = None) -> None:
+        """Tell the peers this rank fails on its own (they stop at their next check, naming it).
+        With ``input_error`` (a bad input found after the process group exists) they exit 2
+        instead, and rank 0 prints the message once."""
         try:
+            if input_error is not None:
+                self.store.set(self._key("input_message", self.rank), input_error.encode("utf-8"))
+                self.store.add(self._key("input", self.rank), 1)
             self.store.add(self._key("failed", self.rank), 1)
         except Exception:  # noqa: BLE001 -- best effort while failing anyway
             pass
@@ -174,25 +204,80 @@ def _exit_lost(message: str) -> None:
     os._exit(PEER_LOST_EXIT)
 
 
-def fault_hook_from_env(rank: int) -> Callable[[Any], None] | None:
-    """The ``GEODML_FAULT`` test hook for this rank (None when unset or for another rank)."""
+def stopped_from_outside(watch: PeerWatch, rank: int) -> Callable[[int, Any], None]:
+    """A SIGTERM handler: torchrun's agent stops its workers when the job lost a rank elsewhere
+    (on a two-node job whose rendezvous host lost a rank, the other agent fails within a second,
+    before any heartbeat times out). Say what this rank's watch last saw -- which peer went silent,
+    whether the store stopped answering -- then die of the signal as before. Silent when the watch
+    saw nothing wrong (an ordinary shutdown)."""
+    def handler(signum: int, frame: Any) -> None:
+        seen = watch.last_view()
+        if seen:
+            print(f"geodml: error: rank {rank} stopped by its torchrun agent (SIGTERM) after the job lost a peer: {seen}",
+                  file=sys.stderr, flush=True)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+    return handler
+
+
+def _exit_input_error(message: str, rank: int) -> None:
+    """A peer found a bad input after the process group existed: rank 0 says it, every rank exits 2."""
+    if rank == 0:
+        print(f"geodml: error: {message}", file=sys.stderr, flush=True)
+    os._exit(2)
+
+
+def _fault_spec(rank: int) -> dict[str, str] | None:
+    """This rank's ``GEODML_FAULT`` fields for this attempt (None when unset, or for another rank/attempt)."""
     spec = os.environ.get("GEODML_FAULT")
     if not spec:
         return None
     try:
         kv = dict(item.split("=", 1) for item in spec.split(","))
-        target, at_step = int(kv["rank"]), int(kv["step"])
-        restart, how = int(kv.get("restart", "0")), kv.get("how", "kill")
+        target, restart = int(kv["rank"]), int(kv.get("restart", "0"))
+        if ("step" in kv) == ("at" in kv) or kv.get("how", "kill") not in ("kill", "exit"):
+            raise KeyError("step/at")
+        if "step" in kv:
+            int(kv["step"])
     except (ValueError, KeyError):
-        raise ValueError(f"GEODML_FAULT={spec!r}: expected rank=R,step=S[,how=kill|exit][,restart=N]") from None
+        raise ValueError(f"GEODML_FAULT={spec!r}: expected rank=R,step=S|at=startup|finished"
+                         "[,how=kill|exit][,restart=N]") from None
     if target != rank or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) != restart:
         return None
+    return kv
+
+
+def _die(rank: int, where: str, how: str) -> None:
+    print(f"GEODML_FAULT: rank {rank} dies {where} ({how})", file=sys.stderr, flush=True)
+    if how == "exit":
+        os._exit(FAULT_EXIT)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def fault_hook_from_env(rank: int) -> Callable[[Any], None] | None:
+    """The ``GEODML_FAULT`` test hook for this rank's steps (None when unset, for another rank, or for
+    a fault ``at`` a point of the run instead of a step: :func:`fault_point`)."""
+    kv = _fault_spec(rank)
+    if kv is None or "step" not in kv:
+        return None
+    at_step, how = int(kv["step"]), kv.get("how", "kill")
 
     def hook(trainer: Any) -> None:
         if trainer.state.step == at_step:
-            print(f"GEODML_FAULT: rank {rank} dies after step {at_step} ({how})", file=sys.stderr, flush=True)
-            if how == "exit":
-                os._exit(FAULT_EXIT)
-            os.kill(os.getpid(), signal.SIGKILL)
+            _die(rank, f"after step {at_step}", how)
 
     return hook
+
+
+def fault_point(point: str, rank: int, out: Any = None) -> None:
+    """The ``GEODML_FAULT=rank=R,at=POINT`` test hook: ``startup`` (before this rank joins its peers)
+    or ``finished`` (once ``out``'s summary.json exists: the run's outputs are complete)."""
+    kv = _fault_spec(rank)
+    if kv is None or kv.get("at") != point:
+        return
+    if point == "finished" and out is not None:
+        from geodml import rundir
+        deadline = time.monotonic() + 60
+        while not rundir.is_finished(out) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    _die(rank, f"at {point}", kv.get("how", "kill"))

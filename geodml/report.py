@@ -13,17 +13,32 @@ partitions.json) and writes PNGs:
 * ``label_distribution.png`` -- per-partition label counts as stacked bars (like Figure 1 of
   Hsu et al. 2019), one panel per distinct partitioning among the runs.
 
+With ``--html OUT.html`` it writes one self-contained page instead (no server, no network: the
+plots are inline PNGs, the CSS is inline): a summary table of the runs, bytes and time to a target
+accuracy, the two accuracy plots, bytes per link (heat maps and a table), the label distribution
+and, for a study directory (``python -m geodml.study NAME --out DIR``), the study's own tables
+(paper vs ours, from geodml.study) and bar charts. An argument may be a run directory or a study
+directory (whose runs are then shown).
+
 matplotlib is an optional dependency (``pip install 'geodml[plot]'``).
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import datetime
+import html
+import io
 import json
 import math
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, Any, Callable
+
+from geodml import rundir
 
 PLOTS = ("accuracy_vs_wan_bytes.png", "accuracy_vs_emulated_time.png", "bytes_by_link.png", "label_distribution.png")
 
@@ -59,10 +74,8 @@ class Run:
 
 
 def _read_json(path: Path) -> dict | None:
-    if not path.exists():
-        return None
     try:
-        return json.loads(path.read_text())
+        return rundir.read_json(path)
     except json.JSONDecodeError as exc:
         raise ReportError(f"{path}: not valid JSON ({exc})") from None
 
@@ -72,9 +85,9 @@ def load_run(path: str | Path) -> Run:
     p = Path(path)
     if not p.is_dir():
         raise ReportError(f"{p}: not a directory")
-    summary = _read_json(p / "summary.json")
-    config = _read_json(p / "config.json")
-    metrics = p / "metrics.jsonl"
+    summary = _read_json(p / rundir.SUMMARY)
+    config = _read_json(p / rundir.CONFIG)
+    metrics = p / rundir.METRICS
     if summary is None and not metrics.exists():
         raise ReportError(f"{p}: not a geodml run directory (no summary.json and no metrics.jsonl)")
     evals = []
@@ -98,15 +111,16 @@ def load_run(path: str | Path) -> Run:
         label += f" {theta_name}={summary['theta_final']:g}"
     label += f" ({p.resolve().name})"
     return Run(path=p, name=p.resolve().name, algo=algo, label=label, evals=evals, summary=summary, config=config,
-               partitions=_read_json(p / "partitions.json"))
+               partitions=_read_json(p / rundir.PARTITIONS))
 
 
-def human_bytes(n: float) -> str:
+def human_bytes(n: float, digits: int = 3) -> str:
+    """``n`` bytes in decimal units with ``digits`` significant digits: '22.1 MB', '123 B'."""
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.3g} {unit}"
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.{digits}g} {unit}"
         n /= 1000.0
-    return f"{n:.3g} TB"
+    return f"{n:.{digits}g} TB"
 
 
 def _curve(run: Run, xkey: str) -> tuple[list[float], list[float]]:
@@ -121,7 +135,7 @@ def _final_note(run: Run) -> str:
     return f": acc {s['final_val_accuracy']:.3f}, WAN {human_bytes(s.get('wan_bytes_total', 0))}"
 
 
-def plot_accuracy(runs: list[Run], xkey: str, path: Path, *, xlabel: str, title: str, log_x: bool, plt) -> None:
+def plot_accuracy(runs: list[Run], xkey: str, path: Path | IO[bytes], *, xlabel: str, title: str, log_x: bool, plt) -> None:
     fig, ax = plt.subplots(figsize=(8, 5))
     any_points = False
     positive = True
@@ -167,7 +181,18 @@ def link_matrix(run: Run) -> tuple[list[str], list[list[float]]]:
     return regions, m
 
 
-def plot_links(runs: list[Run], path: Path, *, plt) -> None:
+def _bytes_log_formatter(*, minor: bool):
+    """A log-axis tick formatter writing human bytes, on the ticks matplotlib's own log formatter
+    labels (every decade; minor ticks only where a range is too narrow for a decade)."""
+    from matplotlib.ticker import LogFormatterSciNotation
+
+    class BytesLogFormatter(LogFormatterSciNotation):
+        def __call__(self, x, pos=None):
+            return human_bytes(x, 4 if minor else 3) if super().__call__(x, pos) else ""
+    return BytesLogFormatter(labelOnlyBase=not minor)
+
+
+def plot_links(runs: list[Run], path: Path | IO[bytes], *, plt) -> None:
     from matplotlib.colors import LogNorm
 
     runs = [r for r in runs if r.summary is not None]
@@ -180,7 +205,6 @@ def plot_links(runs: list[Run], path: Path, *, plt) -> None:
     if not runs:
         axes.flat[0].text(0.5, 0.5, "no finished run (summary.json) to show", ha="center", va="center")
     import numpy as np
-    from matplotlib.ticker import FuncFormatter
 
     mats = [link_matrix(run) for run in runs]
     every = [v for _, m in mats for row in m for v in row if v > 0]
@@ -205,15 +229,15 @@ def plot_links(runs: list[Run], path: Path, *, plt) -> None:
                             fontsize=7, color="black" if v > mid else "white")
         wan = (run.summary or {}).get("wan_bytes_total", 0)
         ax.set_title(f"{run.label}\nWAN {human_bytes(wan)}", fontsize=9)
-        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="bytes sent",
-                     format=FuncFormatter(lambda v, _: human_bytes(v)))
+        bar = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="bytes sent", format=_bytes_log_formatter(minor=False))
+        bar.ax.yaxis.set_minor_formatter(_bytes_log_formatter(minor=True))
     fig.suptitle("Bytes per link (row: source region, column: destination)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def plot_labels(runs: list[Run], path: Path, *, plt) -> None:
+def plot_labels(runs: list[Run], path: Path | IO[bytes], *, plt) -> None:
     groups: list[tuple[list[list[int]], list[Run]]] = []  # distinct partitionings
     for run in runs:
         counts = (run.partitions or {}).get("label_counts")
@@ -259,15 +283,139 @@ def plot_labels(runs: list[Run], path: Path, *, plt) -> None:
     plt.close(fig)
 
 
-def write_report(run_dirs: list[str | Path], out: str | Path) -> list[Path]:
-    """Read the runs and write the PNGs into ``out``; returns their paths."""
+def _pyplot():
+    """matplotlib.pyplot on the Agg backend; ReportError (what to install) when matplotlib is missing."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         raise ReportError("the report needs matplotlib: pip install 'geodml[plot]' (or pip install matplotlib)") from None
-    runs = [load_run(d) for d in run_dirs]
+    return plt
+
+
+# ---- studies ---------------------------------------------------------------------------------
+@dataclass
+class Study:
+    """A study directory (``python -m geodml.study NAME --out DIR``): its report and its runs."""
+
+    path: Path
+    report: dict
+    """NAME.json as the study wrote it (``study``, ``paper``, and ``rows``, ``levels`` or ``runs``)."""
+    markdown: str
+    """The study's tables (markdown, from geodml.study's own table builders)."""
+    runs: list[Run] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return str(self.report.get("study", self.path.name))
+
+
+def study_reports(path: Path) -> list[tuple[Path, dict]]:
+    """(file, report) for every study report in directory ``path``: a JSON object with a ``study`` key."""
+    found = []
+    for f in sorted(path.glob("*.json")):
+        try:
+            doc = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("study"), str):
+            found.append((f, doc))
+    return found
+
+
+def is_study_dir(path: Path) -> bool:
+    """A directory with a study report and no run of its own (no summary.json, no metrics.jsonl)."""
+    return (path.is_dir() and not (path / rundir.SUMMARY).exists() and not (path / rundir.METRICS).exists()
+            and bool(study_reports(path)))
+
+
+def _is_run_dir(path: Path) -> bool:
+    return path.is_dir() and ((path / rundir.SUMMARY).exists() or (path / rundir.METRICS).exists())
+
+
+def _row_label(row: dict) -> str | None:
+    """A paper study row's label, as the study's own plots name it (series and setting)."""
+    try:
+        from geodml.study import paper
+        return f"{paper.series_name(row, True)} {row['setting']}"
+    except (ImportError, KeyError, TypeError):
+        return None
+
+
+def _study_run_dirs(path: Path, report: dict) -> list[tuple[Path, str | None]]:
+    """(run directory, label or None) of a study's runs: its rows in order, else every run below ``path``.
+
+    A row's ``dir`` is as the study recorded it (relative to where it ran); when that does not
+    exist from here, the directory of the same name inside the study directory is used."""
+    out: list[tuple[Path, str | None]] = []
+    for row in report.get("rows") or report.get("runs") or []:
+        if not isinstance(row, dict) or not row.get("dir"):
+            continue
+        d = Path(row["dir"])
+        if not _is_run_dir(d):
+            d = path / d.name
+        if _is_run_dir(d):
+            out.append((d, _row_label(row) if "rows" in report else None))
+    if not out:
+        out = [(d, None) for d in sorted(path.iterdir()) if _is_run_dir(d)]
+    return out
+
+
+def _study_markdown(json_path: Path, report: dict) -> str:
+    """The study's tables: geodml.study.paper's table builders for a paper study (the figure-style
+    table with the paper's numbers beside ours), else the NAME.md the study wrote."""
+    if "rows" in report:
+        try:
+            from geodml.study import paper
+            return paper.format_markdown(report)
+        except (ImportError, KeyError, TypeError, ValueError):
+            pass  # a report from another geodml version: its own markdown below
+    md = json_path.with_suffix(".md")
+    return md.read_text() if md.exists() else ""
+
+
+def load_study(path: str | Path) -> Study:
+    """Read a study directory (its first study report) and its runs. ReportError when it holds none."""
+    p = Path(path)
+    reports = study_reports(p) if p.is_dir() else []
+    if not reports:
+        raise ReportError(f"{p}: not a study directory (no NAME.json with a 'study' key)")
+    json_path, report = reports[0]
+    study = Study(path=p, report=report, markdown=_study_markdown(json_path, report))
+    for d, label in _study_run_dirs(p, report):
+        run = load_run(d)
+        if label:
+            run.label = f"{label} ({run.name})"
+        study.runs.append(run)
+    return study
+
+
+def load_inputs(paths: list[str | Path]) -> tuple[list[Run], list[Study]]:
+    """Runs and studies named on the command line; a study's runs join the runs (each once)."""
+    runs: list[Run] = []
+    studies: list[Study] = []
+    seen: set[Path] = set()
+    for path in paths:
+        if is_study_dir(Path(path)):
+            study = load_study(path)
+            studies.append(study)
+            new = study.runs
+        else:
+            new = [load_run(path)]
+        for run in new:
+            key = run.path.resolve()
+            if key not in seen:
+                seen.add(key)
+                runs.append(run)
+    return runs, studies
+
+
+# ---- PNGs ------------------------------------------------------------------------------------
+def write_report(run_dirs: list[str | Path], out: str | Path) -> list[Path]:
+    """Read the runs (a study directory stands for its runs) and write the PNGs into ``out``; returns their paths."""
+    plt = _pyplot()
+    runs, _ = load_inputs(run_dirs)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / name for name in PLOTS]
@@ -280,21 +428,305 @@ def write_report(run_dirs: list[str | Path], out: str | Path) -> list[Path]:
     return paths
 
 
+# ---- one-file HTML ---------------------------------------------------------------------------
+MAX_LINK_MAPS = 12  # heat maps drawn in the HTML report; the bytes-per-link table has every run
+
+CSS = """
+body { font: 14px/1.45 -apple-system, 'Segoe UI', 'DejaVu Sans', Arial, sans-serif; color: #222; margin: 0 auto;
+       max-width: 1280px; padding: 16px 24px 48px; }
+h1 { font-size: 1.6em; margin: 0.2em 0; } h2 { font-size: 1.25em; margin-top: 1.6em; border-bottom: 1px solid #ddd; }
+h3 { font-size: 1.05em; margin-top: 1.2em; } .meta, .note { color: #666; font-size: 0.9em; }
+nav a { margin-right: 1em; }
+table { border-collapse: collapse; margin: 0.6em 0; font-size: 0.9em; }
+th, td { border: 1px solid #ddd; padding: 3px 8px; white-space: nowrap; }
+th { background: #f4f4f4; text-align: left; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+tr:nth-child(even) td { background: #fafafa; }
+.scroll { overflow-x: auto; }
+.pair { display: grid; grid-template-columns: 1fr 1fr; gap: 12px; }
+figure { margin: 0.8em 0; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
+figcaption { color: #555; font-size: 0.9em; } code { background: #f4f4f4; padding: 0 3px; }
+.state-running { color: #b36b00; } .state-finished { color: #1a7f37; }
+"""
+
+
+def _esc(x: Any) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def _fig_uri(draw: Callable[[Any], Any]) -> str | None:
+    """Call ``draw(file)`` (a plot function writing a PNG to a file object); the PNG as a data URI,
+    or None when it drew nothing."""
+    buf = io.BytesIO()
+    if draw(buf) is False or not buf.getvalue():
+        return None
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _figure(name: str, uri: str | None, caption: str) -> str:
+    if uri is None:
+        return ""
+    return (f'<figure class="plot" data-plot="{_esc(name)}"><img alt="{_esc(caption)}" src="{uri}">'
+            f"<figcaption>{_esc(caption)}</figcaption></figure>")
+
+
+def _table(headers: list[str], rows: list[list[Any]], *, cls: str = "") -> str:
+    """An HTML table; a cell is text (escaped) or a ``(text, css class)`` pair."""
+    head = "".join(f"<th>{_esc(h)}</th>" for h in headers)
+    body = []
+    for row in rows:
+        cells = []
+        for c in row:
+            text, klass = c if isinstance(c, tuple) else (c, "")
+            cells.append(f'<td class="{klass}">{_esc(text)}</td>' if klass else f"<td>{_esc(text)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f'<div class="scroll"><table class="{cls}"><tr>{head}</tr>{"".join(body)}</table></div>'
+
+
+def _num(v: Any, spec: str) -> tuple[str, str]:
+    return ("-" if not isinstance(v, (int, float)) else format(v, spec)), "num"
+
+
+def _bytes_cell(v: Any) -> tuple[str, str]:
+    return ("-" if not isinstance(v, (int, float)) else human_bytes(v)), "num"
+
+
+def _last_eval(run: Run) -> dict:
+    return run.evals[-1] if run.evals else {}
+
+
+def summary_rows(runs: list[Run]) -> list[list[Any]]:
+    """One row per run: what it is, how far it got, its accuracy, bytes and times (summary.json;
+    the last evaluation line for a run still going)."""
+    rows = []
+    for run in runs:
+        s, last = run.summary or {}, _last_eval(run)
+        knob = f"{s['theta_name']}={s['theta_final']:g}" if s.get("theta_name") and s.get("theta_final") is not None else "-"
+        data = " ".join(str(x) for x in (s.get("dataset"), s.get("partition")) if x)
+        if isinstance(s.get("skew"), (int, float)):
+            data += f" skew {s['skew']:g}"
+        finished = run.summary is not None and "final_val_accuracy" in s
+        savings = s.get("wan_savings_vs_bsp")
+        rows.append([
+            run.name, run.algo, knob, _num(s.get("world_size"), ".0f"), data or "-",
+            _num(s.get("steps", last.get("step")), ".0f"), _num(s.get("epochs", last.get("epoch")), ".2f"),
+            _num(s.get("final_val_accuracy", last.get("val_accuracy")), ".4f"),
+            _bytes_cell(s.get("wan_bytes_total", last.get("wan_bytes_total"))), _bytes_cell(s.get("lan_bytes_total")),
+            ("-" if not isinstance(savings, (int, float)) else f"x{savings:.1f}", "num"),
+            _num(s.get("emulated_seconds", last.get("emulated_s")), ".1f"),
+            _num(s.get("wall_seconds", last.get("wall_s")), ".1f"),
+            ("finished", "state-finished") if finished else ("running or stopped", "state-running")])
+    return rows
+
+
+SUMMARY_HEADERS = ["run", "algorithm", "knob (final)", "ranks", "data", "steps", "epochs", "final accuracy", "WAN bytes",
+                   "LAN bytes", "WAN savings vs BSP", "emulated s", "wall s", "state"]
+
+
+def default_target(runs: list[Run]) -> float | None:
+    """95% of the best final accuracy among the runs, rounded down to 0.01 (None without evaluations)."""
+    best = [max(r["val_accuracy"] for r in run.evals) for run in runs if run.evals]
+    return math.floor(95 * max(best)) / 100 if best else None
+
+
+def to_target_rows(runs: list[Run], target: float) -> list[list[Any]]:
+    """Per run, the first evaluation at or above ``target``: its step, WAN bytes, emulated and wall seconds."""
+    rows = []
+    for run in runs:
+        hit = next((r for r in run.evals if r["val_accuracy"] >= target), None)
+        if hit is None:
+            best = max((r["val_accuracy"] for r in run.evals), default=None)
+            rows.append([run.label, "not reached" + ("" if best is None else f" (best {best:.4f})"), "-", "-", "-", "-"])
+            continue
+        rows.append([run.label, _num(hit["val_accuracy"], ".4f"), _num(hit.get("step"), ".0f"),
+                     _bytes_cell(hit.get("wan_bytes_total")), _num(hit.get("emulated_s"), ".1f"), _num(hit.get("wall_s"), ".1f")])
+    return rows
+
+
+def link_table(runs: list[Run]) -> tuple[list[str], list[list[Any]]]:
+    """Headers and rows of bytes per link: one row per run, one column per link (``src->dst``; LAN
+    links, inside one region, are marked)."""
+    links = list(dict.fromkeys(link for run in runs for link in run.bytes_by_link))
+    links.sort(key=lambda link: (link.split("->")[0] == link.split("->")[-1], link))  # WAN first
+    headers = ["run"] + [link.replace("->", " → ") + (" (LAN)" if link.split("->")[0] == link.split("->")[-1] else "")
+                         for link in links]
+    rows = [[run.label] + [_bytes_cell(run.bytes_by_link.get(link)) for link in links] for run in runs if run.bytes_by_link]
+    return headers, rows
+
+
+_TABLE_SEP = re.compile(r"^\|?(\s*:?-+:?\s*\|)+\s*:?-*:?\s*$")
+
+
+def _md_inline(text: str) -> str:
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", _esc(text))
+
+
+def _md_cells(line: str) -> list[str]:
+    line = line.strip()
+    return [c.strip() for c in line[1 if line.startswith("|") else 0:-1 if line.endswith("|") else None].split("|")]
+
+
+def markdown_html(text: str) -> str:
+    """The markdown subset the studies write, as HTML: ``#`` headings, pipe tables, paragraphs, `code`."""
+    out: list[str] = []
+    para: list[str] = []
+    lines = text.splitlines()
+
+    def flush() -> None:
+        if para:
+            out.append(f"<p>{_md_inline(' '.join(para))}</p>")
+            para.clear()
+
+    i = 0
+    while i < len(lines):
+        line = lines[i].rstrip()
+        if line.lstrip().startswith("|") and i + 1 < len(lines) and _TABLE_SEP.match(lines[i + 1].strip()):
+            flush()
+            header, body = _md_cells(line), []
+            i += 2
+            while i < len(lines) and lines[i].lstrip().startswith("|"):
+                body.append(_md_cells(lines[i]))
+                i += 1
+            head = "".join(f"<th>{_md_inline(h)}</th>" for h in header)
+            rows = "".join("<tr>" + "".join(f"<td>{_md_inline(c)}</td>" for c in r) + "</tr>" for r in body)
+            out.append(f'<div class="scroll"><table class="study"><tr>{head}</tr>{rows}</table></div>')
+            continue
+        if line.startswith("#"):
+            flush()
+            level = min(6, len(line) - len(line.lstrip("#")) + 2)
+            out.append(f"<h{level}>{_md_inline(line.lstrip('#').strip())}</h{level}>")
+        elif not line.strip():
+            flush()
+        else:
+            para.append(line.strip())
+        i += 1
+    flush()
+    return "\n".join(out)
+
+
+def _study_figures(study: Study, plt) -> list[str]:
+    """The study's own charts (accuracy bars, knob curves, SkewScout savings) as figures."""
+    figs = []
+    rep = study.report
+    try:
+        if "rows" in rep:
+            from geodml.study import paper
+            figs.append(_figure(f"{study.name}_accuracy", _fig_uri(lambda f: paper.plot_bars(rep, f, plt)),
+                                f"{study.name}: final accuracy per configuration and setting ({rep.get('paper', '')})"))
+            if study.name == "hparams":
+                figs.append(_figure(f"{study.name}_knobs", _fig_uri(lambda f: paper.plot_knobs(rep, f, plt)),
+                                    "hparams: accuracy over each algorithm's knob, ours beside the paper's"))
+        elif "levels" in rep:
+            from geodml.study import skewscout
+            figs.append(_figure(f"{study.name}_savings", _fig_uri(lambda f: skewscout.write_plot(rep, f) is not None),
+                                "SkewScout and Oracle: communication savings over BSP per non-IID level"))
+    except (ImportError, KeyError, TypeError, ValueError) as exc:  # another geodml version's report: tables only
+        figs.append(f'<p class="note">(no chart: {_esc(exc)})</p>')
+    return figs
+
+
+def _study_section(study: Study, plt) -> str:
+    parts = [f'<section class="study" id="study-{_esc(study.name)}"><h2>Study: {_esc(study.name)} '
+             f"({_esc(study.report.get('paper', ''))})</h2>",
+             f'<p class="note">{_esc(study.path)}: {len(study.runs)} runs; the tables are the study\'s own '
+             "(geodml.study), with the paper's numbers beside ours where the paper has them.</p>",
+             markdown_html(study.markdown), *_study_figures(study, plt)]
+    for level in sorted((study.path / "levels").glob("*.md")):  # SkewScout: one Oracle table per level
+        parts.append(f"<details><summary>{_esc(level.stem)}</summary>{markdown_html(level.read_text())}</details>")
+    return "\n".join(parts) + "</section>"
+
+
+def render_html(runs: list[Run], studies: list[Study], *, target: float | None, title: str, plt) -> str:
+    """The whole page (a string): studies first, then the runs' tables and plots."""
+    from geodml import __version__
+    target = default_target(runs) if target is None else target
+    shown = [r for r in runs if r.summary is not None][:MAX_LINK_MAPS]
+    sections = [_study_section(s, plt) for s in studies]
+    sections.append('<section id="runs"><h2>Runs</h2>' + _table(SUMMARY_HEADERS, summary_rows(runs), cls="summary")
+                    + "</section>")
+    if target is not None:
+        sections.append(f'<section id="to-target"><h2>Bytes and time to accuracy {target:.2f}</h2>'
+                        '<p class="note">The first evaluation at or above the target (default: 95% of the best '
+                        "accuracy among these runs).</p>"
+                        + _table(["run", "accuracy", "step", "WAN bytes", "emulated s", "wall s"], to_target_rows(runs, target),
+                                 cls="target") + "</section>")
+    sections.append(
+        '<section id="accuracy"><h2>Bytes per accuracy and time to accuracy</h2><div class="pair">'
+        + _figure("accuracy_vs_wan_bytes", _fig_uri(lambda f: plot_accuracy(
+            runs, "wan_bytes_total", f, xlabel="WAN bytes sent (all ranks, between regions)",
+            title="Bytes per accuracy: validation accuracy vs WAN bytes", log_x=True, plt=plt)),
+            "Validation accuracy of the global model against the WAN bytes spent so far (log x); a star marks the last point.")
+        + _figure("accuracy_vs_emulated_time", _fig_uri(lambda f: plot_accuracy(
+            runs, "emulated_s", f, xlabel="emulated time [s] (slowest rank)",
+            title="Time to accuracy: validation accuracy vs emulated time", log_x=False, plt=plt)),
+            "The same accuracy against emulated seconds (compute measured, communication from the WAN model).")
+        + "</div></section>")
+    headers, rows = link_table(runs)
+    more = len([r for r in runs if r.summary is not None]) - len(shown)
+    sections.append(
+        '<section id="links"><h2>Bytes per link</h2>' + (_table(headers, rows, cls="links") if rows else "")
+        + _figure("bytes_by_link", _fig_uri(lambda f: plot_links(shown, f, plt=plt)),
+                  "Region x region bytes sent (row: source, column: destination; the diagonal is LAN)"
+                  + (f"; the first {len(shown)} finished runs, {more} more in the table" if more > 0 else ""))
+        + "</section>")
+    sections.append('<section id="labels"><h2>Label distribution per partition</h2>'
+                    + _figure("label_distribution", _fig_uri(lambda f: plot_labels(runs, f, plt=plt)),
+                              "Training examples per label in each partition (stacked), per distinct partitioning")
+                    + "</section>")
+    nav = "".join(f'<a href="#{i}">{_esc(t)}</a>' for i, t in
+                  [(f"study-{s.name}", f"study {s.name}") for s in studies]
+                  + [("runs", "runs"), ("to-target", "to target"), ("accuracy", "accuracy"), ("links", "links"),
+                     ("labels", "labels")])
+    when = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>{_esc(title)}</title>'
+            f"<style>{CSS}</style></head><body><h1>{_esc(title)}</h1>"
+            f'<p class="meta">geodml {_esc(__version__)}, {_esc(when)}: {len(runs)} runs'
+            f"{f', {len(studies)} studies' if studies else ''}. Self-contained: the plots are inline.</p>"
+            f"<nav>{nav}</nav>\n" + "\n".join(sections) + "\n</body></html>\n")
+
+
+def write_html(paths: list[str | Path], out: str | Path, *, target: float | None = None) -> Path:
+    """Read runs and study directories and write one self-contained HTML page to ``out``; returns its path."""
+    plt = _pyplot()
+    runs, studies = load_inputs(paths)
+    names = [s.name for s in studies] or [r.name for r in runs]
+    title = "geodml report: " + ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    page = render_html(runs, studies, target=target, title=title, plt=plt)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(page)
+    tmp.replace(out)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m geodml.report", description="Write PNG plots of geodml run directories: "
                                 "accuracy vs WAN bytes and vs emulated time (all runs on one axis), bytes per link "
-                                "as a region x region heat map, label distribution per partition.")
-    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (--out of geodml runs)")
+                                "as a region x region heat map, label distribution per partition; or, with --html, one "
+                                "self-contained HTML page with those plots, a summary table and a study's tables.")
+    p.add_argument("runs", nargs="+", metavar="DIR", help="run directories (--out of geodml runs) or study directories "
+                   "(--out of python -m geodml.study; their runs are shown)")
     p.add_argument("--out", help="directory for the PNGs (default: the run directory for one run, "
-                   "./geodml-report for several)")
+                   "./geodml-report for several; with --html, PNGs only when --out is given)")
+    p.add_argument("--html", metavar="OUT.html", help="write one self-contained HTML report (inline plots and CSS)")
+    p.add_argument("--target", type=float, help="accuracy for the bytes/time-to-accuracy table of the HTML report "
+                   "(default: 95%% of the best accuracy among the runs)")
     args = p.parse_args(argv)
-    out = args.out or (args.runs[0] if len(args.runs) == 1 else "geodml-report")
+    if args.target is not None and not 0 < args.target <= 1:
+        print(f"geodml.report: error: --target must be in (0, 1], got {args.target}", file=sys.stderr)
+        return 2
     try:
-        paths = write_report(args.runs, out)
+        written: list[Path] = []
+        if args.html:
+            written.append(write_html(args.runs, args.html, target=args.target))
+        if args.out or not args.html:
+            out = args.out or (args.runs[0] if len(args.runs) == 1 and not is_study_dir(Path(args.runs[0]))
+                               else "geodml-report")
+            written += write_report(args.runs, out)
     except ReportError as exc:
         print(f"geodml.report: error: {exc}", file=sys.stderr)
         return 2
-    for path in paths:
+    for path in written:
         print(path)
     return 0
 

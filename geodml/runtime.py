@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
 
 @dataclass(frozen=True)
 class Env:
@@ -31,16 +33,28 @@ class Env:
     @classmethod
     def from_environ(cls) -> "Env":
         e = os.environ
-        if "RANK" not in e or "WORLD_SIZE" not in e:
+        if "RANK" not in e and "WORLD_SIZE" not in e:
             return cls(0, 1, 0, 1, False)
+        shown = " ".join(f"{k}={e[k]}" for k in _TORCHRUN_VARS if k in e)
+        fix = (f"launch with torchrun (it sets them all), or clear the leftovers for a single process: "
+               f"unset {' '.join(k for k in _TORCHRUN_VARS if k in e)}")
+        missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in e]
+        if missing:
+            raise ValueError(f"incomplete torchrun environment: {shown} is set but {' and '.join(missing)} "
+                             f"{'is' if len(missing) == 1 else 'are'} not; {fix}")
         try:
             rank, world = int(e["RANK"]), int(e["WORLD_SIZE"])
             local_rank = int(e.get("LOCAL_RANK", rank))
             local_world = int(e.get("LOCAL_WORLD_SIZE", world))
+            int(e["MASTER_PORT"])
         except ValueError as exc:
-            raise ValueError(f"malformed torchrun environment (RANK/WORLD_SIZE/LOCAL_RANK must be integers): {exc}") from None
+            raise ValueError(f"malformed torchrun environment ({shown}): RANK, WORLD_SIZE, LOCAL_RANK and MASTER_PORT "
+                             f"must be integers ({exc}); {fix}") from None
         if not (0 <= rank < world):
-            raise ValueError(f"malformed torchrun environment: RANK={rank} not in [0, WORLD_SIZE={world})")
+            raise ValueError(f"malformed torchrun environment: RANK={rank} is not in [0, WORLD_SIZE={world}); {fix}")
+        if not (0 <= local_rank < local_world):
+            raise ValueError(f"malformed torchrun environment: LOCAL_RANK={local_rank} is not in "
+                             f"[0, LOCAL_WORLD_SIZE={local_world}); {fix}")
         return cls(rank, world, local_rank, local_world, True)
 
 
@@ -78,7 +92,7 @@ def resolve_device(backend: str, device: str, local_rank: int) -> torch.device:
 
     nccl: cuda:LOCAL_RANK. gloo: the CPU, unless ``--device cuda``: then cuda:(LOCAL_RANK mod
     number of GPUs), so several ranks share a GPU (their collectives go through gloo on host
-    copies; geodml.comm.Comm stages them).
+    copies; geodml.comm.DistComm stages them).
     """
     if backend == "nccl":
         return torch.device("cuda", local_rank)
@@ -87,23 +101,99 @@ def resolve_device(backend: str, device: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def init_process_group(env: Env, backend: str, timeout_s: float, device: str = "auto") -> torch.device:
-    """Create the default process group; return this rank's device (:func:`resolve_device`)."""
+class StartupError(RuntimeError):
+    """The ranks did not all join within the start-up bound. ``speak``: this rank is the one that
+    prints it (the lowest rank that joined), so the job shows the message once."""
+
+    def __init__(self, message: str, *, speak: bool) -> None:
+        super().__init__(message)
+        self.speak = speak
+
+
+def _restart() -> str:
+    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or "0"
+
+
+def _agent_store() -> bool:
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+
+
+def rendezvous(env: Env, timeout_s: float, *, poll_s: float = 0.05) -> dist.Store | None:
+    """Connect to the job's store and wait, at most ``timeout_s`` (``--comm-timeout``), until every
+    rank has joined; None for a one-process world.
+
+    torch's own rendezvous inside ``init_process_group`` waits its whole timeout for a rank that
+    died during start-up and then fails with a traceback; this join names the missing ranks
+    instead (:class:`StartupError`). The store is the torchrun agent's (``TORCHELASTIC_USE_AGENT_STORE``)
+    or, without an agent, one that rank 0 hosts, as env:// initialisation would. Every rank
+    counts itself in under a per-attempt key (a torchrun restart starts a new count)."""
+    if not env.under_torchrun:
+        return None
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    hosted = not _agent_store() and env.rank == 0
+    try:
+        store = dist.TCPStore(host, port, env.world_size, is_master=hosted,
+                              timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+    except (RuntimeError, OSError) as exc:  # DistNetworkError/DistStoreError are RuntimeErrors
+        who = "the torchrun agent's store" if _agent_store() else "the store rank 0 hosts (no torchrun agent)"
+        raise StartupError(f"start-up: rank {env.rank} cannot reach {who} at {host}:{port} within {timeout_s:g} s "
+                           f"(--comm-timeout): {'rank 0 is missing or ' if not _agent_store() else ''}MASTER_ADDR/"
+                           f"MASTER_PORT are wrong ({type(exc).__name__})", speak=True) from None
+    ns = f"geodml/join/{_restart()}"
+    try:
+        _join(store, ns, env, timeout_s, hosted=hosted, poll_s=poll_s)
+    except StartupError:
+        raise
+    except (RuntimeError, OSError) as exc:  # the store went away mid-join
+        gone = "the torchrun agent is gone" if _agent_store() else "its host, rank 0, is gone"
+        raise StartupError(f"start-up: the store at {host}:{port} stopped answering while rank {env.rank} waited for "
+                           f"the others to join ({gone}; {type(exc).__name__})", speak=True) from None
+    return store
+
+
+def _join(store: dist.Store, ns: str, env: Env, timeout_s: float, *, hosted: bool, poll_s: float) -> None:
+    """Count in and wait for everyone. The first rank whose deadline passes writes the verdict for all
+    (which ranks are missing) and speaks; the others read it, acknowledge and stay silent; the
+    store's host waits for their acknowledgements before it leaves (its store goes with it)."""
+    store.set(f"{ns}/{env.rank}", b"1")
+    store.add(f"{ns}/count", 1)
+    deadline = time.monotonic() + timeout_s
+    while store.add(f"{ns}/count", 0) < env.world_size:
+        if store.add(f"{ns}/gave_up", 0):
+            store.add(f"{ns}/acks", 1)
+            raise StartupError(store.get(f"{ns}/verdict").decode(), speak=False)
+        if time.monotonic() > deadline:
+            joined = [r for r in range(env.world_size) if store.check([f"{ns}/{r}"])]
+            missing = [r for r in range(env.world_size) if r not in joined]
+            shown = ", ".join(map(str, missing[:10])) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+            verdict = (f"start-up: {len(joined)} of {env.world_size} ranks joined within {timeout_s:g} s "
+                       f"(--comm-timeout); missing: rank{'s' if len(missing) > 1 else ''} {shown} (died or never "
+                       "started; see that rank's output)")
+            store.set(f"{ns}/verdict", verdict.encode())
+            first = store.add(f"{ns}/gave_up", 1) == 1
+            if hosted:  # let the others read the verdict before the store goes
+                until = time.monotonic() + 5.0
+                while store.add(f"{ns}/acks", 0) < len(joined) - 1 and time.monotonic() < until:
+                    time.sleep(poll_s)
+            raise StartupError(verdict if first else store.get(f"{ns}/verdict").decode(), speak=first)
+        time.sleep(poll_s)
+
+
+def init_process_group(env: Env, backend: str, timeout_s: float, device: str = "auto",
+                       store: dist.Store | None = None) -> torch.device:
+    """Create the default process group over ``store`` (:func:`rendezvous`; None: a one-process
+    world); return this rank's device (:func:`resolve_device`)."""
     timeout = datetime.timedelta(seconds=timeout_s)
     dev = resolve_device(backend, device, env.local_rank)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    if env.under_torchrun and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and restart not in ("", "0"):
-        # After a torchrun --max-restarts restart the agent's store still holds the previous attempt's
-        # gloo addresses (torch 2.x: connectFullMesh then dials dead ranks); a per-attempt prefix avoids them.
-        base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
-        dist.init_process_group(backend, store=dist.PrefixStore(f"geodml/attempt_{restart}", base), rank=env.rank,
-                                world_size=env.world_size, timeout=timeout)
-    elif env.under_torchrun:
-        dist.init_process_group(backend, rank=env.rank, world_size=env.world_size, timeout=timeout)
-    else:
+    if store is None:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+        return dev
+    # Every attempt under its own prefix: after a torchrun --max-restarts restart the agent's store
+    # still holds the previous attempt's gloo addresses (torch 2.x: connectFullMesh then dials dead ranks).
+    dist.init_process_group(backend, store=dist.PrefixStore(f"geodml/attempt_{_restart()}", store), rank=env.rank,
+                            world_size=env.world_size, timeout=timeout)
     return dev
 
 

@@ -14,11 +14,12 @@ emulator's bookkeeping, not traffic of the emulated system.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -28,6 +29,10 @@ from torch import nn
 from geodml.algorithms.base import Algorithm, FlatParams
 from geodml.config import OptimConfig
 from geodml.metrics.sinks import Sink
+
+if TYPE_CHECKING:
+    from geodml.comm.api import RunComm
+    from geodml.skewscout import SkewScout
 
 
 class BatchSampler:
@@ -96,33 +101,64 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 10
 
 @dataclass
 class TrainState:
+    """The loop's position and the metric accumulators of the current log interval."""
+
     step: int = 0
     loss_sum: float = 0.0
     loss_count: int = 0
     correct: int = 0
     seen: int = 0
-    history: list = field(default_factory=list)
     local_train_loss: float = math.nan
     """This rank's own mean training loss over the last log interval that had steps (read by the exporter)."""
 
 
-class Trainer:
-    """Runs one partition's loop; rank 0 also writes the metrics sinks."""
+@dataclass(frozen=True)
+class TrainData:
+    """The tensors a partition trains and validates on (already on the training device)."""
 
-    def __init__(self, *, rank: int, world_size: int, model: nn.Module, flat: FlatParams, algo: Algorithm, comm: Any,
-                 optim: OptimConfig, train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor,
-                 test_y: torch.Tensor, local_indices: np.ndarray, seed: int, total_steps: int, spe: int,
-                 eval_every: int, log_every: int, sink: Sink, skewscout: Any = None, step_hooks: tuple = ()) -> None:
-        self.rank, self.world_size = rank, world_size
-        self.model, self.flat, self.algo, self.comm, self.optim = model, flat, algo, comm, optim
-        self.train_x, self.train_y, self.test_x, self.test_y = train_x, train_y, test_x, test_y
-        self.sampler = BatchSampler(local_indices, optim.batch_size, seed, rank)
-        self.total_steps, self.spe = total_steps, spe
-        self.eval_every, self.log_every = eval_every, log_every
-        self.sink = sink
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    local_indices: np.ndarray
+    """This partition's training-set indices."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How long the loop runs and how often it logs and validates."""
+
+    optim: OptimConfig
+    total_steps: int
+    steps_per_epoch: int
+    eval_every: int
+    log_every: int
+    seed: int
+    """Seeds this partition's minibatch order (with its rank)."""
+
+
+class Trainer:
+    """Runs one partition's loop; rank 0 also writes the metrics sinks.
+
+    ``state_dict``/``load_state_dict`` capture everything the loop needs to continue bit for bit
+    (model, algorithm, sampler, loop state, torch's generator, the Comm's ledger and clock,
+    SkewScout, wall time so far); geodml.checkpoint wraps it in a checkpoint file.
+    """
+
+    def __init__(self, *, model: nn.Module, flat: FlatParams, algo: Algorithm, comm: RunComm, data: TrainData,
+                 schedule: Schedule, sink: Sink | None = None, skewscout: SkewScout | None = None,
+                 step_hooks: Sequence[Callable[[Trainer], None]] = ()) -> None:
+        self.rank, self.world_size = comm.rank, comm.world_size
+        self.model, self.flat, self.algo, self.comm, self.optim = model, flat, algo, comm, schedule.optim
+        self.train_x, self.train_y, self.test_x, self.test_y = data.train_x, data.train_y, data.test_x, data.test_y
+        self.sampler = BatchSampler(data.local_indices, schedule.optim.batch_size, schedule.seed, self.rank)
+        self.total_steps, self.spe = schedule.total_steps, schedule.steps_per_epoch
+        self.eval_every, self.log_every = schedule.eval_every, schedule.log_every
+        self.sink = sink if sink is not None else Sink()
         self.skewscout = skewscout
         self.step_hooks = tuple(step_hooks)  # called with the trainer after each step's logging (checkpoints, fault tests)
         self.state = TrainState()
+        optim, train_x, train_y = schedule.optim, data.train_x, data.train_y
         device = flat.data.device
         # Preallocated minibatch buffers (no per-step tensor churn).
         self.xb = torch.empty((optim.batch_size, *train_x.shape[1:]), dtype=train_x.dtype, device=device)
@@ -131,22 +167,56 @@ class Trainer:
         # Scratch for the averaged global model (swap in, evaluate, swap back).
         self._backup = torch.empty_like(flat.data)
         self._buf_backup = [torch.empty_like(b) for b in flat.float_buffers]
-        self.shard = slice(rank, None, world_size)
+        self.shard = slice(self.rank, None, self.world_size)
         self.wall_t0 = time.monotonic()
+
+    # ---- checkpoint ----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the loop continues from (tensors and plain values only: ``weights_only`` loads it)."""
+        s = self.sampler.state_dict()
+        return {
+            "model": {k: v.detach().clone().cpu() for k, v in self.model.state_dict().items()},
+            "algo": self.algo.state_dict(),
+            "sampler": {"rng": s["rng"], "order": torch.from_numpy(np.asarray(s["order"], dtype=np.int64).copy()),
+                        "pos": s["pos"]},
+            "train_state": dataclasses.asdict(self.state),
+            "torch_rng": torch.get_rng_state(),
+            "comm": self.comm.state_dict(),
+            "skewscout": self.skewscout.state_dict() if self.skewscout is not None else None,
+            "wall_s": time.monotonic() - self.wall_t0,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (a ``state_dict()``); KeyError/RuntimeError/TypeError when it does not fit."""
+        self.model.load_state_dict(state["model"])  # copies into the flat-buffer views
+        self.algo.load_state_dict(state["algo"])
+        s = state["sampler"]
+        self.sampler.load_state_dict({"rng": s["rng"], "order": np.asarray(s["order"]), "pos": s["pos"]})
+        ts = state["train_state"]  # in place: the exporter holds this object (old checkpoints' "history" is ignored)
+        st = self.state
+        st.step, st.loss_sum, st.loss_count = int(ts["step"]), float(ts["loss_sum"]), int(ts["loss_count"])
+        st.correct, st.seen, st.local_train_loss = int(ts["correct"]), int(ts["seen"]), float(ts["local_train_loss"])
+        torch.set_rng_state(state["torch_rng"])
+        if state.get("comm") is not None:
+            self.comm.load_state_dict(state["comm"])
+        if self.skewscout is not None:
+            self.skewscout.load_state_dict(state["skewscout"])
+        self.wall_t0 = time.monotonic() - float(state.get("wall_s", 0.0))
 
     # ---- the loop ----------------------------------------------------------------------
     def train_step(self, step: int) -> float:
         lr = learning_rate(self.optim, step, self.spe, self.total_steps)
-        if not self.algo.computes(step):
+        work = self.algo.work
+        if not work.computes(step):
             self.flat.zero_grad()
             self.algo.step(step, lr)
             return lr
-        self.idx.copy_(torch.from_numpy(self.algo.batch_indices(step, self.sampler)))
+        self.idx.copy_(torch.from_numpy(work.batch_indices(step, self.sampler)))
         torch.index_select(self.train_x, 0, self.idx, out=self.xb)
         torch.index_select(self.train_y, 0, self.idx, out=self.yb)
         t0 = time.perf_counter()
         logits = self.model(self.xb)
-        weights = self.algo.sample_weights(self.yb, step)
+        weights = work.sample_weights(self.yb, step)
         if weights is None:
             loss = F.cross_entropy(logits, self.yb)
         else:
@@ -155,8 +225,7 @@ class Trainer:
         loss.backward()
         if self.optim.weight_decay:
             self.flat.grad.add_(self.flat.data, alpha=self.optim.weight_decay)
-        if hasattr(self.comm, "advance_compute"):
-            self.comm.advance_compute(time.perf_counter() - t0)
+        self.comm.advance_compute(time.perf_counter() - t0)
         self.algo.step(step, lr)
         s = self.state
         s.loss_sum += float(loss.detach())
@@ -188,7 +257,7 @@ class Trainer:
 
     # ---- metrics -----------------------------------------------------------------------
     def _emulated_s(self) -> float:
-        return float(getattr(self.comm, "emulated_s", 0.0))
+        return float(self.comm.emulated_s)
 
     def _log(self, lr: float, *, with_eval: bool) -> dict:
         s = self.state
@@ -213,7 +282,6 @@ class Trainer:
             s.local_train_loss = s.loss_sum / s.loss_count
         s.loss_sum = s.loss_count = s.correct = s.seen = 0
         self.sink.log(rec)
-        s.history.append(rec)
         return rec
 
     def _swap_in_global(self) -> None:

@@ -4,17 +4,25 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 launch/bootstrap.sh
-# The Prometheus integration test needs a real server: install the Debian package when it is
-# missing and we may (root + apt). Quiet and idempotent; if it cannot, that test skips and says why.
-# The Fashion-MNIST reader test reads the real Debian dataset package the same way.
+# The Prometheus integration tests need a real server, the dashboard tests a headless browser
+# (tests/test_dashboard.py renders the console and the HTML report in it): install the Debian
+# packages when they are missing and we may (root + apt). The browser is chromium-headless-shell,
+# or chromium (it runs headless) where a release lacks that package. Quiet and idempotent; if it
+# cannot, those tests skip and say why. The Fashion-MNIST reader test reads the real Debian dataset
+# package the same way.
 missing=""
 command -v prometheus >/dev/null 2>&1 || missing="$missing prometheus"
 [ -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || missing="$missing dataset-fashion-mnist"
-if [ -n "$missing" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  echo "test: installing Debian packages:$missing (integration tests)" >&2
+browser=""
+command -v chromium-headless-shell >/dev/null 2>&1 || command -v chromium >/dev/null 2>&1 || browser=chromium-headless-shell
+if [ -n "$missing$browser" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "test: installing Debian packages:$missing $browser (integration tests)" >&2
   export DEBIAN_FRONTEND=noninteractive
-  { apt-get install -y -q --no-install-recommends $missing || { apt-get update -q && apt-get install -y -q --no-install-recommends $missing; }; } \
-    >/dev/null 2>&1 || echo "test: could not install$missing; the tests that need them will skip and say why" >&2
+  apt_install() { apt-get install -y -q --no-install-recommends "$@" >/dev/null 2>&1; }
+  # shellcheck disable=SC2086  # word splitting of the package lists is intended
+  apt_install $missing $browser || { apt-get update -q >/dev/null 2>&1; apt_install $missing $browser; } \
+    || { [ -n "$browser" ] && apt_install $missing chromium; } \
+    || echo "test: could not install$missing $browser; the tests that need them will skip and say why" >&2
 fi
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 exec .venv/bin/python -m pytest -q "$@"

@@ -1,7 +1,31 @@
-"""Shared fixtures: no test may leave a child process behind (hivemind-style reaper)."""
+"""Shared fixtures.
+
+* No test may leave a child process behind (hivemind-style reaper).
+* The suite is split in two: unit tests run in this process; tests marked ``integration``
+  start OS processes (torchrun, worker processes, the CLI, Prometheus). ``pytest -m "not
+  integration"`` runs the unit tests alone in seconds. The split is enforced: an unmarked test
+  that starts a process fails, naming the marker.
+"""
+
+import subprocess
 
 import psutil
 import pytest
+
+_RealPopen = subprocess.Popen
+
+
+class _UnitTestPopen(_RealPopen):  # type: ignore[type-arg,misc]
+    def __init__(self, *args, **kwargs):
+        raise AssertionError("this test starts an OS process: mark it @pytest.mark.integration "
+                             "(or pytestmark = pytest.mark.integration for the module); tests/conftest.py")
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_start_no_process(request, monkeypatch):
+    if request.node.get_closest_marker("integration") is None:
+        monkeypatch.setattr(subprocess, "Popen", _UnitTestPopen)
+    yield
 
 
 @pytest.fixture(autouse=True)

@@ -6,13 +6,17 @@ two run under a real torchrun to show that only rank 0 prints and every rank exi
 
 from __future__ import annotations
 
+import pickle
+import socket
 import struct
 
+import numpy as np
 import pytest
 import torch
 
 from geodml import checkpoint as ck
 from geodml.cli import main, parse_config
+from tests.datafiles import make_idx_dir, write_cifar, write_idx
 
 BASE = ["--dataset", "digits", "--model", "logreg", "--steps", "5", "--no-progress", "--wan", "off"]
 
@@ -74,6 +78,58 @@ def _summary(tmp):
     return ["--resume"]
 
 
+def _mnist(tmp, *, n_train=12, gz=False, spoil=None):
+    """A small MNIST directory in the real IDX format (tests/datafiles.py), optionally spoiled."""
+    d = tmp / "mnist-small"
+    d.mkdir()
+    make_idx_dir(d, gz=gz, n_train=n_train, n_test=5, rows=28, cols=28)
+    if spoil:
+        spoil(d)
+    return ["--dataset", "mnist", "--data-dir", str(d)]
+
+
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _cifar_label_12(d):
+    with open(d / "test_batch", "rb") as fh:
+        batch = pickle.load(fh)
+    batch[b"labels"][0] = 12
+    with open(d / "test_batch", "wb") as fh:
+        pickle.dump(batch, fh)
+
+
+def _label_10(d):
+    labels = np.full(12, 3, dtype=np.uint8)
+    labels[7] = 10
+    write_idx(d, "train-labels-idx1-ubyte", labels, gz=False)
+
+
+def _cifar(tmp, spoil):
+    d = tmp / "cifar"
+    write_cifar(d)
+    spoil(d)
+    return ["--dataset", "cifar10", "--data-dir", str(d)]
+
+
+_HELD: list[socket.socket] = []
+
+
+def _port_taken(tmp):
+    """A port another program listens on (held until the test session ends)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    _HELD.append(s)
+    return ["--metrics-port", str(s.getsockname()[1]), "--metrics-host", "127.0.0.1"]
+
+
+def _crashed(tmp):
+    (tmp / "run" / "config.json").write_text('{"version": "0.1.0"}\n')
+    return []
+
+
 # (id, setup(tmp) -> extra argv, words the one message must contain)
 CASES = [
     # flags
@@ -105,6 +161,13 @@ CASES = [
     ("toml-wrong-type", lambda t: _toml(t, 'lr = "fast"\n'), "--lr must be > 0"),
     ("toml-resume-string", lambda t: _toml(t, 'resume = "yes"\n'), "--resume is a switch"),
     ("toml-checkpoint-float", lambda t: _toml(t, "checkpoint-every = 2.5\n"), "--checkpoint-every must be an integer"),
+    ("toml-bool-from-string", lambda t: _toml(t, 'fedir = "false"\n'),
+     'fedir = "false" is a string; expected a boolean (true/false)'),
+    ("toml-int-from-bool", lambda t: _toml(t, "steps = true\n"), "steps = true is a boolean; expected an integer"),
+    ("toml-str-from-int", lambda t: _toml(t, "out = 5\n"), "out = 5 is an integer; expected a string"),
+    ("toml-milestones-strings", lambda t: _toml(t, 'lr-milestones = ["a"]\n'),
+     'lr-milestones = ["a"] is an array holding'),
+    ("toml-is-a-directory", lambda t: ["--config", str(t)], "is a directory; expected a TOML file"),
     # topology files
     ("topology-unknown-name", lambda t: ["--topology", "atlantis"], "no topology named 'atlantis'"),
     ("topology-bad-toml", lambda t: _topo(t, "regions = [\n"), "not valid TOML"),
@@ -131,6 +194,23 @@ CASES = [
     ("ckpt-more-ranks", lambda t: _ckpt(t, rank_dir=1), "checkpoints of rank1"),
     ("ckpt-without-resume", lambda t: _ckpt(t, resume=False), "holds checkpoints of an earlier run; pass --resume"),
     ("resume-finished-run", _summary, "already holds a finished run"),
+    # found only when decoded or partitioned: now before any process group (issue 20, class 1)
+    ("data-idx-gz-truncated", lambda t: _mnist(t, gz=True, spoil=lambda d: _truncate(d / "train-images-idx3-ubyte.gz")),
+     "train-images-idx3-ubyte.gz"),
+    ("data-idx-plain-truncated", lambda t: _mnist(t, spoil=lambda d: _truncate(d / "t10k-images-idx3-ubyte")),
+     "t10k-images-idx3-ubyte"),
+    ("data-label-out-of-range", lambda t: _mnist(t, spoil=_label_10), "holds label 10"),
+    ("data-cifar-truncated-pickle", lambda t: _cifar(t, lambda d: _truncate(d / "data_batch_3")),
+     "data_batch_3: not a readable CIFAR-10 python batch"),
+    ("data-cifar-label-out-of-range", lambda t: _cifar(t, _cifar_label_12), "labels must be in 0..9"),
+    ("data-partition-empty", lambda t: _mnist(t, n_train=12) + ["--partition", "shards", "--shards-per-partition", "13"],
+     "--shards-per-partition"),
+    ("port-taken", _port_taken, "is not free"),
+    ("out-through-a-file", lambda t: ["--out", str(t / "run" / "notes.txt" / "sub")], "notes.txt is a file, not a directory"),
+    ("out-read-only", lambda t: ["--out", "/sys/geodml-test-run"], "cannot be written: /sys is not writable"),
+    ("out-crashed-run", _crashed, "holds an unfinished run (config.json and metrics.jsonl, no summary.json, no checkpoint)"),
+    ("toml-seed-float", lambda t: _toml(t, "seed = 1.5\n"), "seed = 1.5 is a float; expected an integer"),
+    ("toml-topology-int", lambda t: _toml(t, "topology = 3\n"), "topology = 3 is an integer; expected a string"),
 ]
 
 
@@ -170,6 +250,7 @@ def test_table_has_at_least_30_cases_over_every_input_kind():
     assert len(CASES) >= 30 and all(n >= 3 for n in kinds.values()), kinds
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("what", ["corrupt-checkpoint", "bad-topology"])
 def test_torchrun_bad_input_every_rank_exits_2_rank0_prints_once(tmp_path, what):
     from tests.mp import run_torchrun
@@ -191,4 +272,71 @@ def test_torchrun_bad_input_every_rank_exits_2_rank0_prints_once(tmp_path, what)
     assert text.count("geodml: error:") == 1 and needle in text, text[-3000:]
     assert text.count("exitcode  : 2") == 2 or ("exitcode  : 2" in text and "exitcode  : 1" not in text), text[-3000:]
     assert "Traceback (most recent call last)" not in text.split("geodml: error")[0]
+    assert _snapshot(out) == before
+
+
+# A torchrun environment left in a shell (issue 20, class 3): every process says what is wrong,
+# whatever its RANK (there is no trustworthy rank 0), and exits 2; more processes than samples
+# is found by partitioning before any process group.
+ENV_CASES = [
+    ("env-no-master", {"RANK": "0", "WORLD_SIZE": "2"}, "MASTER_ADDR and MASTER_PORT are not"),
+    ("env-rank-beyond-world", {"RANK": "3", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"},
+     "RANK=3 is not in [0, WORLD_SIZE=2)"),
+    ("env-world-only", {"WORLD_SIZE": "4"}, "RANK and MASTER_ADDR and MASTER_PORT are not"),
+    ("env-rank-not-a-number", {"RANK": "one", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"},
+     "must be integers"),
+    ("env-local-rank-beyond", {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2",
+                               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}, "LOCAL_RANK=2 is not in"),
+    ("env-more-processes-than-samples", {"RANK": "0", "WORLD_SIZE": "20", "MASTER_ADDR": "127.0.0.1",
+                                         "MASTER_PORT": "29500"}, "cannot split 12 samples into 20 partitions"),
+]
+
+
+@pytest.mark.parametrize("case", ENV_CASES, ids=[c[0] for c in ENV_CASES])
+def test_torchrun_leftovers_and_world_size_are_named(case, tmp_path, capsys, monkeypatch):
+    _, env, needle = case
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep\n")
+    before = _snapshot(out)
+    argv = [*BASE, "--out", str(out), *_mnist(tmp_path, n_train=12)]
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("geodml: error:") == 1 and needle in err, err
+    assert "Traceback" not in err
+    if "MASTER" in needle or "RANK" in needle:
+        assert "torchrun" in err and "unset" in err  # says what to do
+    assert _snapshot(out) == before
+
+
+# The same classes under a real torchrun: every rank exits 2, rank 0 prints once.
+TORCHRUN_CASES = [
+    ("data-truncated-gz", lambda t: _mnist(t, gz=True, spoil=lambda d: _truncate(d / "train-images-idx3-ubyte.gz")),
+     "train-images-idx3-ubyte.gz", 2),
+    ("port-taken", lambda t: _port_taken(t), "is not free", 2),
+    ("more-processes-than-samples", lambda t: _mnist(t, n_train=2), "cannot split 2 samples into 3 partitions", 3),
+]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("case", TORCHRUN_CASES, ids=[c[0] for c in TORCHRUN_CASES])
+def test_torchrun_decode_port_and_size_errors_exit_2_on_every_rank(case, tmp_path):
+    from tests.mp import run_torchrun
+    _, setup, needle, nproc = case
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep\n")
+    extra = setup(tmp_path)
+    before = _snapshot(out)
+    r = run_torchrun(nproc, [*BASE, "--out", str(out), *extra], timeout_s=120)
+    text = r.stdout + r.stderr
+    assert r.returncode != 0
+    assert text.count("geodml: error:") == 1 and needle in text, text[-3000:]
+    assert text.count("exitcode  : 2") == nproc or ("exitcode  : 2" in text and "exitcode  : 1" not in text), text[-3000:]
+    assert "Traceback (most recent call last)" not in text
     assert _snapshot(out) == before

@@ -17,6 +17,7 @@ def _load_params(path):
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("k", [2, 3, 5])
 def test_bsp_identical_weights_on_every_rank(tmp_path, k):
     out = tmp_path / "run"
@@ -64,6 +65,7 @@ def _reference_bsp(k, seed, steps, lr0, milestones_epochs, momentum, wd, batch):
     return {n: p.detach().float() for n, p in model.named_parameters()}, spe
 
 
+@pytest.mark.integration
 def test_bsp_equals_single_process_on_union_of_minibatches(tmp_path):
     k, seed, batch = 3, 11, 8
     out = tmp_path / "run"
@@ -84,6 +86,7 @@ def test_bsp_equals_single_process_on_union_of_minibatches(tmp_path):
     assert moved > 0
 
 
+@pytest.mark.integration
 def test_bsp_ledger_matches_ring_model(tmp_path):
     """K=4, LeNet on 8x8 digits has 188,810 float32 parameters (755,240 B). Ring all-reduce:
     chunks of 47,203 elements (188,810 = 4*47,202 + 2 -> two chunks of 47,203, two of 47,202);

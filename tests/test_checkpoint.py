@@ -2,10 +2,9 @@
 matters -- a run stopped after some steps and resumed from its newest common checkpoint ends
 with the same weights, bit for bit, and the same ledger totals as an uninterrupted run.
 
-Most runs here are K partitions as K threads of one process (the ``ThreadComm`` of
-tests/test_fedavg.py plus the point-to-point calls Gaia, DGC and SkewScout use), so every
-algorithm is covered in seconds; one torchrun test kills a rank with SIGKILL under
-``--max-restarts 1`` and compares the finished run with an uninterrupted one.
+Most runs here are K partitions as K threads of one process (an InProcessGroup: the real
+charges, no sockets), so every algorithm is covered in seconds; one torchrun test kills a rank
+with SIGKILL under ``--max-restarts 1`` and compares the finished run with an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -21,9 +20,10 @@ from geodml import checkpoint as ck
 from geodml.algorithms import build_algorithm
 from geodml.algorithms.base import AlgoContext, FlatParams
 from geodml.cli import parse_config
+from geodml.comm import InProcessGroup
 from geodml.comm.ledger import Ledger
-from geodml.comm.wan import EmulatedClock, WanLink
-from tests.test_fedavg import Hub, ThreadComm
+from geodml.comm.pacing import EmulatedClock
+from geodml.comm.topology import WanLink
 
 # ---- file rules -------------------------------------------------------------------------------
 FP = {"world_size": 2, "optim.lr": 0.02, "seed": 0}
@@ -87,43 +87,6 @@ def test_ledger_and_clock_state_round_trip():
 
 
 # ---- threaded runs: stop, resume, compare --------------------------------------------------
-class P2PThreadComm(ThreadComm):
-    """ThreadComm plus send_to_all / recv_from_all / broadcast (Gaia, DGC, SkewScout)."""
-
-    def send(self, dst, kind, tensors, *, step, wait=True):
-        """Like the real transport: several messages with one (kind, step) arrive in order (SkewScout
-        sends two ``control`` messages at a travel step)."""
-        arrays = [np.array(t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else t, copy=True) for t in tensors]
-        for a in arrays:
-            a.flags.writeable = False
-        self.ledger.charge(dst, kind, sum(a.nbytes for a in arrays))
-        with self.hub.cv:
-            self.hub.mail.setdefault((self.rank, dst, kind, step), []).append(arrays)
-            self.hub.cv.notify_all()
-
-    def recv(self, src, kind, *, step, timeout_s=None):
-        key = (src, self.rank, kind, step)
-        with self.hub.cv:
-            assert self.hub.cv.wait_for(lambda: self.hub.mail.get(key), timeout=60), f"no message {key}"
-            return self.hub.mail[key].pop(0)
-
-    def send_to_all(self, kind, tensors, *, step, wait=True):
-        for d in range(self.world_size):
-            if d != self.rank:
-                self.send(d, kind, tensors, step=step)
-
-    def recv_from_all(self, kind, *, step, timeout_s=None):
-        return {s: self.recv(s, kind, step=step) for s in range(self.world_size) if s != self.rank}
-
-    def broadcast(self, tensor, src, kind):
-        vals = self.hub.exchange(self.rank, tensor.clone())
-        if self.rank == src:
-            for d in range(self.world_size):
-                if d != src:
-                    self.ledger.charge(d, kind, tensor.numel() * tensor.element_size())
-        tensor.copy_(vals[src])
-
-
 class _Stop(Exception):
     pass
 
@@ -145,7 +108,7 @@ def _run(cfg, k, out, *, stop_after=None, resume=False):
     from geodml.metrics.sinks import Sink
     from geodml.models import build_model
     from geodml.skewscout import ModelTraveler, SkewScout
-    from geodml.trainer import Trainer, steps_per_epoch
+    from geodml.trainer import Schedule, TrainData, Trainer, steps_per_epoch
 
     ds = _digits()
     labels = ds.train_y.numpy()
@@ -157,12 +120,12 @@ def _run(cfg, k, out, *, stop_after=None, resume=False):
               for _ in range(k)]
     fp = ck.fingerprint(cfg, k)
     step = ck.find_resume_step(out, k, fp) if resume else None
-    hub = Hub(k)
+    group = InProcessGroup(k)
     results, errors = [None] * k, []
 
     def target(rank):
         try:
-            comm = P2PThreadComm(hub, rank)
+            comm = group.comm(rank)
             model = models[rank]
             flat = FlatParams(model)
             ctx = AlgoContext(rank=rank, world_size=k, seed=cfg.seed, steps_per_epoch=spe, total_steps=total,
@@ -175,18 +138,18 @@ def _run(cfg, k, out, *, stop_after=None, resume=False):
                                      samples=cfg.skewscout.travel_samples, seed=cfg.seed)
                 sk = SkewScout(cfg=cfg.skewscout, algo=algo, traveler=trav, comm=comm, rank=rank, world_size=k,
                                model_bytes=flat.numel * 4, seed=cfg.seed)
-            cp = ck.Checkpointer(out, rank=rank, world_size=k, every_steps=cfg.reliability.checkpoint_every, fp=fp,
-                                 skewscout=sk)
+            cp = ck.Checkpointer(out, rank=rank, world_size=k, every_steps=cfg.reliability.checkpoint_every, fp=fp)
 
             def stop(tr):
                 if stop_after is not None and tr.state.step == stop_after:
                     raise _Stop
 
-            tr = Trainer(rank=rank, world_size=k, model=model, flat=flat, algo=algo, comm=comm, optim=cfg.optim,
-                         train_x=ds.train_x, train_y=ds.train_y, test_x=ds.test_x, test_y=ds.test_y,
-                         local_indices=parts[rank], seed=cfg.seed, total_steps=total, spe=spe,
-                         eval_every=cfg.eval_every, log_every=cfg.log_every, sink=Sink(), skewscout=sk,
-                         step_hooks=(cp, stop))
+            data = TrainData(train_x=ds.train_x, train_y=ds.train_y, test_x=ds.test_x, test_y=ds.test_y,
+                             local_indices=parts[rank])
+            schedule = Schedule(optim=cfg.optim, total_steps=total, steps_per_epoch=spe, eval_every=cfg.eval_every,
+                                log_every=cfg.log_every, seed=cfg.seed)
+            tr = Trainer(model=model, flat=flat, algo=algo, comm=comm, data=data, schedule=schedule, sink=Sink(),
+                         skewscout=sk, step_hooks=(cp, stop))
             if step is not None:
                 cp.restore(tr, step)
             tr.run()
@@ -195,7 +158,7 @@ def _run(cfg, k, out, *, stop_after=None, resume=False):
             pass
         except BaseException as e:  # noqa: BLE001 -- re-raised below
             errors.append(e)
-            hub.barrier.abort()
+            group.abort(f"rank {rank} failed: {e!r}")
 
     threads = [threading.Thread(target=target, args=(r,)) for r in range(k)]
     for t in threads:
@@ -259,6 +222,7 @@ def test_resume_rejects_other_settings(tmp_path):
         ck.find_resume_step(tmp_path, 3, ck.fingerprint(cfg, 3))
 
 
+@pytest.mark.integration
 def test_torchrun_sigkill_and_restart_equals_uninterrupted(tmp_path):
     """Issue 10: SIGKILL one rank of a 3-rank Gaia+SkewScout run mid-way (after step 23; checkpoints
     every 10) under torchrun --max-restarts 1: the restarted run resumes from step 20 and finishes

@@ -73,12 +73,13 @@ def test_main_exit_code_2_one_message(capsys, monkeypatch):
 
 
 def test_main_silent_on_other_ranks(capsys, monkeypatch):
-    monkeypatch.setenv("RANK", "3")
-    monkeypatch.setenv("WORLD_SIZE", "5")
+    for var, value in (("RANK", "3"), ("WORLD_SIZE", "5"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")):
+        monkeypatch.setenv(var, value)  # what torchrun sets; a partial set is its own error (test_bad_input.py)
     assert main(["--lr", "-1"]) == 2
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.integration
 def test_torchrun_bad_flag_exit_2_message_printed_once():
     """Under torchrun every rank exits with 2 before any process group exists; only rank 0 speaks."""
     from tests.mp import run_torchrun
@@ -99,3 +100,161 @@ def test_bad_topology_and_data_dir_rejected_before_start(tmp_path, capsys, monke
     assert err.count("geodml: error:") == 1 and "train-images-idx3-ubyte" in err
     assert main(["--algo", "bsp", "--skewscout"]) == 2
     assert "--skewscout tunes a communication knob" in capsys.readouterr().err
+
+
+# ---- TOML values must have the field's type (the types come from the config dataclasses) ----
+
+def _toml(tmp_path, text):
+    f = tmp_path / "run.toml"
+    f.write_text(text)
+    return f
+
+
+TOML_WRONG_TYPE = [
+    ('fedir = "false"\n', 'fedir = "false" is a string; expected a boolean (true/false)'),
+    ("skewscout = 1\n", "skewscout = 1 is an integer; expected a boolean (true/false)"),
+    ("steps = true\n", "steps = true is a boolean; expected an integer"),
+    ("batch-size = 20.0\n", "batch-size = 20.0 is a float; expected an integer"),
+    ("out = 5\n", "out = 5 is an integer; expected a string"),
+    ("algo = [\"gaia\"]\n", 'algo = ["gaia"] is an array; expected a string'),
+    ("lr = true\n", "lr = true is a boolean; expected a number"),
+    ('lr-milestones = ["a", "b"]\n', 'lr-milestones = ["a", "b"] is an array holding a string ("a"); expected an array '
+     'of numbers such as [64, 96] (or a string "64,96")'),
+    ("lr-milestones = [1, true]\n", "lr-milestones = [1, true] is an array holding a boolean (true)"),
+    ('iwds = "0.9,x"\n', 'iwds = "0.9,x" is a string that is not comma-separated numbers; expected an array'),
+    ("iwds = 0.5\n", "iwds = 0.5 is a float; expected an array of numbers"),
+    ("seed = {a = 1}\n", "seed = {a = 1} is a table; expected an integer"),
+]
+
+
+@pytest.mark.parametrize("text,message", TOML_WRONG_TYPE, ids=[t.strip() for t, _ in TOML_WRONG_TYPE])
+def test_toml_value_of_the_wrong_type_names_key_value_and_type(tmp_path, text, message):
+    f = _toml(tmp_path, text)
+    with pytest.raises(UsageError) as exc:
+        parse_config(["--config", str(f)])
+    assert str(exc.value).startswith(f"--config {f}: {message}"), str(exc.value)
+
+
+def test_toml_wrong_type_also_says_what_the_field_accepts(tmp_path):
+    """After the type, the field's own check (config.py, the one validator) on the value, when it has one."""
+    f = _toml(tmp_path, 'lr = "fast"\n')
+    with pytest.raises(UsageError) as exc:
+        parse_config(["--config", str(f)])
+    assert str(exc.value) == (f"--config {f}: lr = \"fast\" is a string; expected a number "
+                              "(--lr must be > 0, got 'fast')")
+    f = _toml(tmp_path, "checkpoint-every = 2.5\n")
+    with pytest.raises(UsageError, match=r"is a float; expected an integer \(--checkpoint-every must be an integer"):
+        parse_config(["--config", str(f)])
+    f = _toml(tmp_path, 'fedir = "false"\n')  # AlgoConfig has no objection to the string: the type error alone
+    with pytest.raises(UsageError) as exc:
+        parse_config(["--config", str(f)])
+    assert str(exc.value) == f'--config {f}: fedir = "false" is a string; expected a boolean (true/false)'
+
+
+def test_toml_wrong_type_through_main_is_one_message(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    f = _toml(tmp_path, "steps = true\n")
+    assert main(["--config", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("geodml: error:") == 1 and "steps = true is a boolean; expected an integer" in err
+    assert "Traceback" not in err
+
+
+def test_config_that_is_a_directory_is_one_clear_error(tmp_path, capsys, monkeypatch):
+    with pytest.raises(UsageError) as exc:
+        parse_config(["--config", str(tmp_path)])
+    assert str(exc.value) == f"--config: {tmp_path} is a directory; expected a TOML file"
+    monkeypatch.delenv("RANK", raising=False)
+    assert main(["--config", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[0] == f"geodml: error: --config: {tmp_path} is a directory; expected a TOML file"
+    assert "Traceback" not in err
+
+
+def test_toml_unknown_keys_stay_an_error(tmp_path):
+    for text, key in (("no-progress = true\n", "no-progress"), ("[data]\nskew = 0.5\n", "data"),
+                      ("config = \"x.toml\"\n", "config"), ("timeout_s = 5\n", "timeout_s")):
+        with pytest.raises(UsageError, match=f"unknown key '{key}'"):
+            parse_config(["--config", str(_toml(tmp_path, text))])
+
+
+def test_valid_toml_of_every_kind_still_works(tmp_path):
+    f = _toml(tmp_path, 'algo = "fedavg"\nfedir = true\nreset_momentum = false\nskewscout = true\nprogress = false\n'
+                        'steps = 3\niter-local = 4\ncomm-timeout = 5\nlr = 1\nlr-milestones = [10, 20.5]\n'
+                        'out = "runs/x"\ndata-cache = "off"\nclip-norm = 2.5\nmetrics_linger = 0\n'
+                        'skewscout-search = "annealing"\nwire-auth = "off"\n')
+    cfg = parse_config(["--config", str(f)])
+    assert cfg.algo.algo == "fedavg" and cfg.algo.fedir is True and cfg.algo.reset_momentum is False
+    assert cfg.skewscout.enabled is True and cfg.skewscout.search == "annealing" and cfg.progress is False
+    assert cfg.optim.steps == 3 and cfg.algo.iter_local == 4 and cfg.comm.timeout_s == 5 and cfg.optim.lr == 1
+    assert cfg.optim.lr_milestones == (10, 20.5) and cfg.out == "runs/x" and cfg.data.cache == "off"
+    assert cfg.algo.clip_norm == 2.5 and cfg.metrics_linger_s == 0 and cfg.comm.wire_auth == "off"
+    f = _toml(tmp_path, 'algo = "fedavg"\niwds = "0.9, 0.1, 0.5"\nlr-milestones = "64,96"\n')  # as on the command line
+    cfg = parse_config(["--config", str(f)])
+    assert cfg.algo.iwds == (0.9, 0.1, 0.5) and cfg.optim.lr_milestones == (64.0, 96.0)
+    f = _toml(tmp_path, 'algo = "fedavg"\niwds = [0.9, 0, 1]\nlr-milestones = []\n')
+    cfg = parse_config(["--config", str(f), "--no-progress"])
+    assert cfg.algo.iwds == (0.9, 0, 1) and cfg.optim.lr_milestones == () and cfg.progress is False
+
+
+# ---- the CLI is derived from the config dataclasses ----
+
+def test_every_config_field_is_a_flag_with_its_default_and_help():
+    import dataclasses
+
+    from geodml.cli import build_parser
+    from geodml.config import OPTIONS, SECTIONS, RunConfig
+    fields = {(s, f.name) for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
+    fields |= {(None, f.name) for f in dataclasses.fields(RunConfig) if f.name not in SECTIONS}
+    assert {(o.section, o.name) for o in OPTIONS} == fields
+    assert len({o.flag for o in OPTIONS}) == len({o.dest for o in OPTIONS}) == len(OPTIONS)
+    text = " ".join(build_parser().format_help().split())
+    for o in OPTIONS:
+        assert o.flag in text and o.help.split(";")[0].split("(")[0].strip() in text, o.flag
+    for group in ("algorithm:", "SkewScout (Quagmire section 7):", "data:", "model:", "optimization:",
+                  "WAN and communication:", "run:", "metrics:", "reliability (docs/reliability.md):"):
+        assert group in text
+    assert "--lr LR initial learning rate eta_0 (default 0.02)" in text
+    assert "--t0 T0 gaia: initial significance threshold" in text and "--iter-local ITER_LOCAL fedavg:" in text
+    assert "--wan {off,virtual,real}" in text and "--comm-timeout COMM_TIMEOUT" in text
+
+
+def test_flag_types_switches_and_lists():
+    assert parse_config(["--fedir"]).algo.fedir is True
+    cfg = parse_config(["--reset-momentum", "--server-nesterov", "--skewscout", "--algo", "fedavg",
+                        "--resume", "--out", "x", "--no-progress", "--iwds", "0.9,0.1,0.5", "--steps", "7",
+                        "--comm-timeout", "3", "--metrics-linger", "1.5", "--data-cache", "off",
+                        "--skewscout-search", "stochastic"])
+    a = cfg.algo
+    assert a.reset_momentum and a.server_nesterov and cfg.skewscout.enabled and cfg.reliability.resume
+    assert cfg.progress is False and a.iwds == (0.9, 0.1, 0.5) and cfg.optim.steps == 7
+    assert cfg.comm.timeout_s == 3.0 and isinstance(cfg.comm.timeout_s, float) and cfg.metrics_linger_s == 1.5
+    assert cfg.data.cache == "off" and cfg.skewscout.search == "stochastic"
+    with pytest.raises(UsageError, match="--steps: invalid int value: '2.5'"):
+        parse_config(["--steps", "2.5"])
+    with pytest.raises(UsageError, match="--wire-auth: invalid choice"):
+        parse_config(["--wire-auth", "maybe"])
+    with pytest.raises(UsageError, match="expected comma-separated numbers like 64,96, got 'a,b'"):
+        parse_config(["--iwds", "a,b"])
+
+
+def test_warns_about_options_the_algorithm_ignores(tmp_path):
+    said: list[str] = []
+    parse_config(["--t0", "0.2", "--iter-local", "5", "--lr", "0.1"], warn=said.append)
+    assert said == ["geodml: warning: --t0, --iter-local has no effect with --algo bsp"]
+    said.clear()
+    parse_config(["--config", str(_toml(tmp_path, "sparsity = 0.99\n")), "--algo", "gaia", "--t0", "0.2"],
+                 warn=said.append)
+    assert said == ["geodml: warning: --sparsity has no effect with --algo gaia"]
+    said.clear()
+    parse_config(["--algo", "dgc", "--sparsity", "0.99", "--clip-norm", "1"], warn=said.append)
+    assert said == []
+
+
+def test_registries_are_defined_once_and_agree():
+    """config.py holds the names; the implementations must cover exactly those (no second list to drift)."""
+    from geodml.algorithms import REGISTRY, algorithm_factory
+    from geodml.config import ALGOS, KNOB_ALGOS, OPTIONS
+    assert set(REGISTRY) == set(ALGOS)
+    assert set(KNOB_ALGOS) == {name for name in ALGOS if algorithm_factory(name).KNOB is not None}
+    assert all(set(o.algos) <= set(ALGOS) for o in OPTIONS)

@@ -3,9 +3,12 @@
 import json
 import sys
 
+import pytest
+
 from tests.mp import run_command
 
 
+@pytest.mark.integration
 def test_transport_benchmark_runs_and_reports(tmp_path):
     out = tmp_path / "bench.json"
     r = run_command([sys.executable, "-m", "geodml.bench", "transport", "--quick", "--rates-mbps", "10,100",

@@ -77,6 +77,7 @@ def _random_order(rank, world, steps, seed):
     return checked, leftover, sum(r["messages"] for r in rows)
 
 
+@pytest.mark.integration
 def test_every_message_intact_and_in_step_order_under_random_send_order():
     world, steps = 4, 5
     results = run_workers("tests.test_comm_p2p:_random_order", world, timeout_s=90, steps=steps, seed=1)
@@ -188,7 +189,7 @@ def test_single_rank_comm_needs_no_peers():
     import numpy as np
     import torch
 
-    from geodml.comm import Comm, build_comm
+    from geodml.comm import DistComm, build_comm
     from geodml.config import CommConfig
 
     comm = build_comm(CommConfig(wan="virtual"), rank=0, world_size=1)
@@ -199,7 +200,7 @@ def test_single_rank_comm_needs_no_peers():
     assert torch.equal(t, torch.ones(4)) and comm.emulated_s == 0.0 and comm.ledger.rows() == []
     assert [x.tolist() for x in comm.all_gather(t, "model")] == [[1.0] * 4]
     comm.close()
-    legacy = Comm(rank=0, world_size=1, region_of_rank=["x"])  # the collectives-only constructor
+    legacy = DistComm(rank=0, world_size=1, region_of_rank=["x"])  # the collectives-only constructor
     legacy.all_reduce(t, "gradient")
     legacy.close()
 

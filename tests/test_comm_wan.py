@@ -1,6 +1,6 @@
 """WAN emulation and the ledger in real processes, against numbers worked out by hand.
 
-Topology for the scripted exchange (two regions, directed links, three ranks):
+Topology for the scripted exchange (tests/harness.py; two regions, directed links, three ranks):
 ranks 0 and 2 in region a, rank 1 in region b;
 a->b 8 Mbit/s = 1e6 B/s, 10 ms; b->a 16 Mbit/s = 2e6 B/s, 20 ms; LAN 800 Mbit/s = 1e8 B/s, 1 ms.
 """
@@ -9,57 +9,9 @@ import textwrap
 
 import pytest
 
+from tests.harness import TWO_REGIONS
+from tests.harness import scripted_exchange as _script
 from tests.mp import run_workers
-
-TWO_REGIONS = """
-    source = "illustrative (test)"
-    regions = ["a", "b"]
-    placement = ["a", "b", "a"]
-    [lan]
-    bandwidth_mbps = 800
-    latency_ms = 1
-    [[links]]
-    from = "a"
-    to = "b"
-    bandwidth_mbps = 8
-    latency_ms = 10
-    [[links]]
-    from = "b"
-    to = "a"
-    bandwidth_mbps = 16
-    latency_ms = 20
-"""
-
-
-def _script(comm, rank):
-    """The scripted exchange; returns this rank's clock after each phase."""
-    import numpy as np
-    import torch
-
-    clocks = []
-    comm.advance_compute([0.5, 0.2, 0.1][rank])
-    if rank == 0:  # two messages on the same link at once: they share it (FIFO)
-        comm.send(1, "update", [np.zeros(10_000, np.uint8)], step=0)
-        comm.send(1, "update", [np.ones(20_000, np.uint8)], step=0)
-        assert comm.recv(2, "control", step=0)[0].tolist() == [1]
-    if rank == 1:
-        first, second = comm.recv(0, "update", step=0), comm.recv(0, "update", step=0)
-        assert first[0].size == 10_000 and second[0].size == 20_000 and second[0].all()
-    if rank == 2:
-        comm.send(0, "control", [np.array([1], np.int64)], step=0)
-    clocks.append(comm.emulated_s)
-    t = torch.arange(30, dtype=torch.float32) + rank
-    comm.all_reduce(t, "gradient")
-    assert torch.equal(t, 3 * torch.arange(30, dtype=torch.float32) + 3)
-    clocks.append(comm.emulated_s)
-    m = torch.full((250,), float(rank))
-    comm.broadcast(m, 1, "model")
-    assert bool((m == 1).all())
-    clocks.append(comm.emulated_s)
-    g = comm.all_gather(torch.tensor([rank, 2 * rank], dtype=torch.float32), "travel")
-    assert [x.tolist() for x in g] == [[0, 0], [1, 2], [2, 4]]
-    clocks.append(comm.emulated_s)
-    return clocks
 
 
 def _scripted_exchange(rank, world, topology):
@@ -200,6 +152,7 @@ def _real_mode(rank, world, topology):
     return wall, emulated, first_arrival
 
 
+@pytest.mark.integration
 def test_real_mode_wall_time_follows_emulated_time(tmp_path):
     topo = tmp_path / "real.toml"
     topo.write_text(textwrap.dedent("""

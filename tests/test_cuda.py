@@ -14,7 +14,8 @@ import torch
 
 from tests.mp import run_torchrun
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")]
 
 COMMON = ["--dataset", "digits", "--model", "lenet", "--steps", "20", "--eval-every", "10", "--no-progress"]
 

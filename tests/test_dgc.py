@@ -1,6 +1,6 @@
 """DeepGradientCompression (Quagmire Algorithm 3): schedule, selection, hand-worked steps, the
 s = 0 reduction to plain SGD on the summed gradients, sent counts against the ledger, identical
-weights on every partition -- single-process with a K-partition fake comm, then real processes
+weights on every partition -- single-process with K in-process partitions, then real processes
 (gloo + ZeroMQ) and one end-to-end torchrun."""
 
 from __future__ import annotations
@@ -14,41 +14,16 @@ import torch
 from torch import nn
 
 from geodml.algorithms.base import AlgoContext, FlatParams
-from geodml.algorithms.dgc import DGC, WARMUP_SPARSITIES, TopSelector, target_count, warmup_sparsity
-from geodml.comm.ledger import Ledger
-from geodml.comm.transport import as_array, envelope_nbytes
+from geodml.algorithms.dgc import DGC, WARMUP_SPARSITIES, warmup_sparsity
+from geodml.algorithms.topk import TopSelector, target_count
+from geodml.comm import InProcessGroup
+from geodml.comm.wire import envelope_nbytes
 from tests.mp import run_torchrun, run_workers
 
 # ---------------------------------------------------------------------------------------------
-# A K-partition fake comm in one process: before_step of every partition sends, then
-# local_update of every partition receives (the driver interleaves the two phases). It charges
-# what the real Comm charges for a point-to-point message: envelope + payload, per peer.
-
-
-class FakeHub:
-    def __init__(self, k: int) -> None:
-        self.k = k
-        self.mail: dict[tuple, list[np.ndarray]] = {}
-
-
-class FakeComm:
-    def __init__(self, hub: FakeHub, rank: int) -> None:
-        self.hub, self.rank, self.world_size = hub, rank, hub.k
-        self.ledger = Ledger(rank, [f"r{i}" for i in range(hub.k)])
-        self.sent_payload_entries: list[int] = []
-
-    def send_to_all(self, kind, tensors, *, step):
-        arrays = [as_array(t).copy() for t in tensors]
-        for a in arrays:
-            a.flags.writeable = False  # the real transport hands out read-only views
-        nbytes = envelope_nbytes(kind, step, self.rank, arrays) + sum(a.nbytes for a in arrays)
-        for d in range(self.world_size):
-            if d != self.rank:
-                self.hub.mail[(d, self.rank, kind, step)] = arrays
-                self.ledger.charge(d, kind, nbytes)
-
-    def recv_from_all(self, kind, *, step, timeout_s=None):
-        return {s: self.hub.mail.pop((self.rank, s, kind, step)) for s in range(self.world_size) if s != self.rank}
+# K partitions in one process (InProcessComm: what the real Comm charges for a point-to-point
+# message, envelope + payload, per peer): before_step of every partition sends, then
+# local_update of every partition receives (the driver interleaves the two phases).
 
 
 def _ctx(rank, k, spe=1000, seed=0):
@@ -57,12 +32,12 @@ def _ctx(rank, k, spe=1000, seed=0):
 
 
 def _make(k, numel, w0, *, spe=1000, momentum=0.9, **kw):
-    hub = FakeHub(k)
+    group = InProcessGroup(k)
     algos = []
     for r in range(k):
         flat = FlatParams(nn.Linear(numel, 1, bias=False))
         flat.data.copy_(torch.as_tensor(w0, dtype=torch.float32))
-        algos.append(DGC(flat=flat, comm=FakeComm(hub, r), momentum=momentum, ctx=_ctx(r, k, spe), **kw))
+        algos.append(DGC(flat=flat, comm=group.comm(r), momentum=momentum, ctx=_ctx(r, k, spe), **kw))
     return algos
 
 
@@ -271,12 +246,12 @@ def test_sparsity_zero_is_sgd_without_momentum_on_the_sum():
     ys = [rng.integers(0, c, size=(steps, 5)) for _ in range(k)]
     models = [nn.Linear(d, c, bias=False) for _ in range(k)]
     w0 = rng.normal(size=(c, d)) * 0.3
-    hub = FakeHub(k)
+    group = InProcessGroup(k)
     algos = []
     for r, m in enumerate(models):
         flat = FlatParams(m)
         flat.data.copy_(torch.as_tensor(w0.reshape(-1), dtype=torch.float32))
-        algos.append(DGC(flat=flat, comm=FakeComm(hub, r), momentum=0.9, ctx=_ctx(r, k), sparsity=0.0, e_warm=4))
+        algos.append(DGC(flat=flat, comm=group.comm(r), momentum=0.9, ctx=_ctx(r, k), sparsity=0.0, e_warm=4))
     ref = w0.copy()
     for t in range(steps):
         lr = 0.1 if t < 6 else 0.01
@@ -377,19 +352,20 @@ def test_numpy_and_torch_selection_backends_agree():
 
 def test_theta_knob_is_e_warm():
     (a,) = _make(1, 10, np.ones(10), spe=10, sparsity=0.999, e_warm=4)
-    assert DGC.theta_name == "e_warm" and DGC.theta_grid == (8.0, 4.0, 3.0, 2.0, 1.0)
-    assert a.theta == 4.0 and a.sparsity_at(35) == 0.75
-    a.theta = 1
+    assert DGC.KNOB.name == "e_warm" and DGC.KNOB.grid == (8.0, 4.0, 3.0, 2.0, 1.0)
+    assert a.knob.name == "e_warm" and a.knob.grid == DGC.KNOB.grid
+    assert a.knob.get() == 4.0 and a.sparsity_at(35) == 0.75
+    a.knob.set(1)
     assert a.e_warm == 1.0  # epoch 2 -> third stage, epoch 3 -> fourth, epoch 4 -> final
     assert [a.sparsity_at(s) for s in (25, 35, 45)] == [0.984375, 0.99609375, 0.999]
-    a.theta = np.int64(2)  # the controller may hand over NumPy numbers
-    assert a.theta == 2.0 and isinstance(a.theta, float)
+    a.knob.set(np.int64(2))  # the controller may hand over NumPy numbers
+    assert a.knob.get() == 2.0 and isinstance(a.knob.get(), float)
     with pytest.raises(ValueError, match="e-warm"):
-        a.theta = -1
+        a.knob.set(-1)
     with pytest.raises(ValueError, match="e-warm"):
-        a.theta = float("nan")
+        a.knob.set(float("nan"))
     with pytest.raises(ValueError):
-        a.theta = None
+        a.knob.set(None)
 
 
 def test_invalid_hyper_parameters():
@@ -438,7 +414,8 @@ def dgc_worker(rank, world, numel, steps, spe, sparsity, e_warm):
         comm.close()
 
 
-def test_multiprocess_matches_fake_comm_simulation():
+@pytest.mark.integration
+def test_multiprocess_matches_in_process_simulation():
     """K=4 real processes (gloo + ZeroMQ) against the single-process simulation: bit for bit."""
     k, numel, steps, spe = 4, 40_000, 10, 2
     res = run_workers("tests.test_dgc:dgc_worker", k, timeout_s=90, numel=numel, steps=steps, spe=spe, sparsity=0.99,
@@ -456,6 +433,7 @@ def test_multiprocess_matches_fake_comm_simulation():
 # End to end: torchrun -m geodml --algo dgc
 
 
+@pytest.mark.integration
 def test_torchrun_dgc_end_to_end(tmp_path):
     k, out = 3, tmp_path / "run"
     r = run_torchrun(k, ["--algo", "dgc", "--dataset", "digits", "--model", "lenet", "--no-progress", "--wan", "off",

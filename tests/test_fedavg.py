@@ -2,16 +2,15 @@
 FedIR, FedVC, IWDS): the math against numbers worked out by hand, equivalences that must hold
 (Iter_Local = 1 is BSP; beta = 0 is FedAvg; mu = 0 is FedAvg), client sampling, and runs.
 
-Most tests run K partitions as K threads of one process, each with its own model and a
-``ThreadComm`` that implements the Comm contract with a barrier (every rank sums the same
-contributions in rank order, so results are bit-identical across ranks, as with gloo's ring).
+Most tests run K partitions as K threads of one process, each with its own model and an
+InProcessComm (tests/harness.py): the real Comm contract and charges; every rank sums the same
+contributions in rank order, so results are bit-identical across ranks, as with gloo's ring.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import threading
 import warnings
 from types import SimpleNamespace
 
@@ -20,120 +19,19 @@ import pytest
 import torch
 from torch import nn
 
-from geodml.algorithms import algorithm_class
+from geodml.algorithms import algorithm_factory, build_algorithm
 from geodml.algorithms.base import AlgoContext, FlatParams
 from geodml.algorithms.bsp import BSP
-from geodml.algorithms.fedavg import FedAvg, num_participants, variant_class
+from geodml.algorithms.fedavg import FedAvg, num_participants
 from geodml.algorithms.fedavgm import FedAvgM
+from geodml.algorithms.federated import FedAvgFamily, variant_class
 from geodml.algorithms.fedir import FedIR, importance_ratios
 from geodml.algorithms.fedprox import FedProx
 from geodml.algorithms.fedvc import FedVC, pps_inclusion_probabilities, systematic_pps_sample
 from geodml.algorithms.iwds import IWDS, iwds_beta, iwds_class_weights
-from geodml.comm.collectives import ring_allreduce_sent_elements
-from geodml.comm.ledger import Ledger
+from geodml.comm.wire import envelope_nbytes
 from geodml.config import AlgoConfig, OptimConfig, RunConfig
-
-
-# ---- in-process K-rank harness --------------------------------------------------------------
-class Hub:
-    def __init__(self, k: int) -> None:
-        self.k = k
-        self.barrier = threading.Barrier(k, timeout=60)
-        self.slots: list = [None] * k
-        self.mail: dict = {}
-        self.cv = threading.Condition()
-
-    def exchange(self, rank: int, obj):
-        self.slots[rank] = obj
-        self.barrier.wait()
-        out = list(self.slots)
-        self.barrier.wait()
-        return out
-
-
-class ThreadComm:
-    """The Comm contract for threads: collectives charge the ledger by the same cost models
-    (ring all-reduce, ring all-gather); point-to-point messages are charged their tensor bytes
-    (the real transport adds a small envelope) and received as read-only numpy arrays."""
-
-    def __init__(self, hub: Hub, rank: int) -> None:
-        self.hub, self.rank, self.world_size = hub, rank, hub.k
-        self.region_of_rank = [f"r{i}" for i in range(hub.k)]
-        self.ledger = Ledger(rank, self.region_of_rank)
-        self.calls: list[tuple] = []
-
-    def all_reduce(self, tensor, kind, *, average=False):
-        self.calls.append(("all_reduce", kind, tensor.numel()))
-        vals = self.hub.exchange(self.rank, tensor.clone())
-        k = self.world_size
-        if k > 1:
-            sent = ring_allreduce_sent_elements(tensor.numel(), k, self.rank)
-            self.ledger.charge((self.rank + 1) % k, kind, sum(sent) * tensor.element_size(), messages=len(sent))
-        tensor.copy_(sum(vals[1:], vals[0].clone()) / (k if average else 1))
-
-    def all_gather(self, tensor, kind):
-        self.calls.append(("all_gather", kind, tensor.numel()))
-        vals = self.hub.exchange(self.rank, tensor.clone())
-        k = self.world_size
-        if k > 1:
-            self.ledger.charge((self.rank + 1) % k, kind, (k - 1) * tensor.numel() * tensor.element_size(),
-                               messages=k - 1)
-        return vals
-
-    def send(self, dst, kind, tensors, *, step):
-        assert dst != self.rank
-        arrays = [t.detach().cpu().numpy().copy() for t in tensors]
-        for a in arrays:
-            a.flags.writeable = False
-        self.calls.append(("send", kind, dst, step))
-        self.ledger.charge(dst, kind, sum(a.nbytes for a in arrays))
-        with self.hub.cv:
-            key = (self.rank, dst, kind, step)
-            assert key not in self.hub.mail, f"duplicate message {key}"
-            self.hub.mail[key] = arrays
-            self.hub.cv.notify_all()
-
-    def recv(self, src, kind, *, step):
-        key = (src, self.rank, kind, step)
-        with self.hub.cv:
-            assert self.hub.cv.wait_for(lambda: key in self.hub.mail, timeout=60), f"no message {key}"
-            return self.hub.mail.pop(key)
-
-    def meta_all_reduce(self, tensor):
-        vals = self.hub.exchange(self.rank, tensor.clone())
-        tensor.copy_(sum(vals[1:], vals[0].clone()))
-
-    def meta_all_gather_object(self, obj):
-        return self.hub.exchange(self.rank, obj)
-
-    def meta_broadcast(self, tensor, src):
-        vals = self.hub.exchange(self.rank, tensor.clone())
-        tensor.copy_(vals[src])
-
-    def bytes(self, kind):
-        return sum(r["bytes"] for r in self.ledger.rows() if r["kind"] == kind)
-
-
-def run_threads(k: int, fn):
-    """fn(rank, comm) on K threads; returns their results in rank order (re-raises a failure)."""
-    hub = Hub(k)
-    results, errors = [None] * k, []
-
-    def target(rank):
-        try:
-            results[rank] = fn(rank, ThreadComm(hub, rank))
-        except BaseException as e:  # noqa: BLE001 -- re-raised in the caller
-            errors.append(e)
-            hub.barrier.abort()
-
-    threads = [threading.Thread(target=target, args=(r,)) for r in range(k)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    if errors:
-        raise errors[0]
-    return results
+from tests.harness import kind_bytes, record_calls, run_threads
 
 
 def _ctx(rank, counts, *, seed=0, total_steps=10_000, batch=4):
@@ -178,7 +76,7 @@ def test_weighted_average_and_update_delta_by_hand():
                       iter_local=1)
         assert algo.models_agree
         _drive(algo, 1, lambda r, w: torch.tensor(grads[r], dtype=torch.float64), lr=1.0)
-        return algo.flat.data.tolist(), algo.last_delta, comm.bytes("model"), algo.models_agree
+        return algo.flat.data.tolist(), algo.last_delta, kind_bytes(comm, "model"), algo.models_agree
 
     out = run_threads(3, fn)
     for w, delta, _, agree in out:
@@ -367,9 +265,10 @@ def test_fedir_importance_weights_by_hand():
     np.testing.assert_array_equal(importance_ratios(np.array([[2, 0], [1, 1]]), 0), [0.75 / 1.0, 0.0])
 
     def fn(rank, comm):
+        calls = record_calls(comm)
         algo = FedIR(flat=_flat([0.0]), comm=comm, momentum=0.0, ctx=_ctx(rank, counts), iter_local=1)
         w = algo.sample_weights(torch.tensor([0, 2, 2, 1]), 0).clone()
-        return algo.importance.tolist(), w, comm.calls
+        return algo.importance.tolist(), w, calls
 
     out = run_threads(2, fn)
     assert out[0][0] == pytest.approx([2 / 3, 5 / 6, 3.5], rel=1e-14)
@@ -477,7 +376,6 @@ def test_fedvc_trains_on_exactly_nvc_examples_per_round(n_k, replace):
     assert not np.array_equal(rounds[0][0], rounds[1][0])              # a fresh draw every round
 
 
-# ---- client sampling ---------------------------------------------------------------------------
 def test_client_sampling_identical_on_every_rank_and_nonparticipants_charged_nothing():
     """K=5, C=0.4 -> m = 2 per round, seeded; checked against an independent reference that
     keeps the global model in one process (stale participants must download it to match)."""
@@ -526,10 +424,13 @@ def test_client_sampling_identical_on_every_rank_and_nonparticipants_charged_not
             assert not agree and torch.equal(out[holder][0][t][3], out[sel[0]][0][t][3])   # holds the global
     downloads = sum(d for _, d in out)
     assert downloads > 0                                                 # some stale participant downloaded
-    # bytes by hand: the model is 3 float64 = 24 B; a round of m = 2 is one message to the leader
-    # and one back (48 B); a download is one 24 B message (no server momentum, no buffers)
+    # bytes by hand: the model is 3 float64 = 24 B, and every message carries its 27 B envelope (as
+    # DistComm charges it: msgpack of kind "model", a step < 128, src and one float64[3] descriptor);
+    # a round of m = 2 is one message to the leader and one back (2 x 51 B); a download is one
+    # 51 B message (no server momentum, no buffers)
+    assert envelope_nbytes("model", 59, 4, [np.zeros(3)]) == 27
     total = sum(sum(entry[2] for entry in out[r][0]) for r in range(k))
-    assert total == 48 * rounds + 24 * downloads
+    assert total == 2 * (24 + 27) * rounds + (24 + 27) * downloads
     ref = _reference_fedavg(k, steps, iter_local, 0.9, 0.05, [4, 2, 10, 4, 4], fraction=0.4)
     last = sels[0][-1][0]
     torch.testing.assert_close(out[last][0][-1][3], ref, rtol=1e-12, atol=1e-12)
@@ -542,12 +443,12 @@ def _cfg(**algo):
 
 def _build(cfg, counts=((3, 1),)):
     def fn(rank, comm):
-        return FedAvg.from_config(cfg, flat=_flat([0.0]), comm=comm, ctx=_ctx(0, [list(c) for c in counts]))
+        return build_algorithm(cfg, flat=_flat([0.0]), comm=comm, ctx=_ctx(0, [list(c) for c in counts]))
     return run_threads(1, fn)[0]
 
 
 def test_from_config_composes_variants_and_rejects_conflicts():
-    assert algorithm_class("fedavg") is FedAvg
+    assert algorithm_factory("fedavg") is FedAvgFamily
     assert type(_build(_cfg())) is FedAvg
     assert type(_build(_cfg(server_momentum=0.9))) is FedAvgM
     algo = _build(_cfg(server_momentum=0.9, prox_mu=0.01, fedir=True, virtual_client_size=8))
@@ -568,20 +469,20 @@ def test_from_config_composes_variants_and_rejects_conflicts():
 def test_theta_is_iter_local_and_changes_at_the_next_round():
     def fn(rank, comm):
         algo = FedAvg(flat=_flat([0.0]), comm=comm, momentum=0.0, ctx=_ctx(0, [[1]], total_steps=100), iter_local=5)
-        assert algo.theta == 5 and algo.theta_name == "iter_local" and algo.theta_grid[0] == 5
-        algo.theta = 4                      # between rounds: at once
+        assert algo.knob.get() == 5 and algo.knob.name == "iter_local" and algo.knob.grid[0] == 5
+        algo.knob.set(4)                    # between rounds: at once
         syncs = []
         for s in range(17):
             if s == 1:
-                algo.theta = 3              # mid-round: from the next round on
-                assert algo.theta == 3 and algo.round_len == 4
+                algo.knob.set(3)            # mid-round: from the next round on
+                assert algo.knob.get() == 3 and algo.round_len == 4
             algo.flat.grad.zero_()
             algo.step(s, 0.1)
             syncs.append(algo.syncs)
         with pytest.raises(ValueError):
-            algo.theta = 0
+            algo.knob.set(0)
         with pytest.raises(ValueError):
-            algo.theta = 2.5
+            algo.knob.set(2.5)
         return syncs
 
     syncs = run_threads(1, fn)[0]
@@ -604,7 +505,7 @@ def _train(k, make_algo, *, steps, partition="iid", seed=3, batch=8):
     from geodml.data.partition import make_partitioner, partition_report
     from geodml.metrics.sinks import Sink
     from geodml.models import build_model
-    from geodml.trainer import Trainer, steps_per_epoch
+    from geodml.trainer import Schedule, TrainData, Trainer, steps_per_epoch
 
     ds = _digits()
     labels = ds.train_y.numpy()
@@ -622,10 +523,11 @@ def _train(k, make_algo, *, steps, partition="iid", seed=3, batch=8):
         ctx = AlgoContext(rank=rank, world_size=k, seed=seed, steps_per_epoch=spe, total_steps=steps, batch_size=batch,
                           label_counts=counts)
         algo = make_algo(flat=flat, comm=comm, ctx=ctx)
-        trainer = Trainer(rank=rank, world_size=k, model=model, flat=flat, algo=algo, comm=comm, optim=optim,
-                          train_x=ds.train_x, train_y=ds.train_y, test_x=ds.test_x, test_y=ds.test_y,
-                          local_indices=parts[rank], seed=seed, total_steps=steps, spe=spe, eval_every=10**9,
-                          log_every=10**9, sink=Sink())
+        data = TrainData(train_x=ds.train_x, train_y=ds.train_y, test_x=ds.test_x, test_y=ds.test_y,
+                         local_indices=parts[rank])
+        schedule = Schedule(optim=optim, total_steps=steps, steps_per_epoch=spe, eval_every=10**9, log_every=10**9,
+                            seed=seed)
+        trainer = Trainer(model=model, flat=flat, algo=algo, comm=comm, data=data, schedule=schedule, sink=Sink())
         trainer.run()
         return flat.data.clone(), comm.ledger.rows(), algo
 
@@ -678,6 +580,7 @@ def _sd(path):
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+@pytest.mark.integration
 def test_torchrun_fedavg_identical_models_ring_bytes_and_diagnostic(tmp_path):
     """K=3, 0.5 epoch of ceil(1438/(3*20)) = 24 steps = 12 steps, Iter_Local 5: averages after
     steps 5 and 10 and (partial round) in finish() -> 3 ring all-reduces of 188,810 float32:
@@ -703,6 +606,7 @@ def test_torchrun_fedavg_identical_models_ring_bytes_and_diagnostic(tmp_path):
     assert lines[-1]["fedavg_round"] == 3
 
 
+@pytest.mark.integration
 def test_torchrun_composed_variants_with_client_sampling(tmp_path):
     """K=3, --client-fraction 0.67 (m = 2), FedVC N_VC = 50 with B = 20 (rounds of 3 steps),
     FedIR, FedProx, Nesterov FedAvgM: 12 steps = 4 rounds. Bytes: FedIR's label counts once,

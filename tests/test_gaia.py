@@ -113,6 +113,7 @@ def _models(out, k):
     return [torch.load(out / f"rank{i}" / "model.pt", weights_only=True) for i in range(k)]
 
 
+@pytest.mark.integration
 def test_t0_zero_is_one_model_moved_by_sum_of_updates(tmp_path):
     k, seed, batch, out = 3, 5, 8, tmp_path / "run"
     r = run_torchrun(k, [*COMMON, "--algo", "gaia", "--t0", "0", "--epochs", "0.25", "--batch-size", str(batch),
@@ -126,6 +127,7 @@ def test_t0_zero_is_one_model_moved_by_sum_of_updates(tmp_path):
             torch.testing.assert_close(sd[name], p, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.integration
 def test_huge_threshold_is_independent_local_training(tmp_path):
     k, seed, out = 3, 2, tmp_path / "run"
     r = run_torchrun(k, [*COMMON, "--algo", "gaia", "--t0", "1e9", "--epochs", "0.25", "--seed", str(seed),
@@ -164,7 +166,7 @@ def _gaia_bytes_worker(rank, world, steps):
     import msgpack
 
     from geodml.comm import build_comm
-    from geodml.comm.transport import PROTOCOL_VERSION
+    from geodml.comm.wire import PROTOCOL_VERSION
     from geodml.config import CommConfig
 
     comm = build_comm(CommConfig(wan="off"), rank=rank, world_size=world)
@@ -196,6 +198,7 @@ def _gaia_bytes_worker(rank, world, steps):
         comm.close()
 
 
+@pytest.mark.integration
 def test_update_bytes_are_entries_times_8_plus_envelope():
     from tests.mp import run_workers
     res = run_workers("tests.test_gaia:_gaia_bytes_worker", 3, timeout_s=90, steps=10)

@@ -20,11 +20,13 @@ def _hang(rank, world):
     return rank
 
 
+@pytest.mark.integration
 def test_results_come_back():
     # 0 + 1 + 2 = 3, scaled by 2
     assert run_workers("tests.test_harness:_sum_ranks", 3, scale=2) == [6.0, 6.0, 6.0]
 
 
+@pytest.mark.integration
 def test_hang_is_killed_and_reported():
     with pytest.raises(WorkerError, match="timed out"):
         run_workers("tests.test_harness:_hang", 2, timeout_s=5)

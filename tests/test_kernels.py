@@ -11,8 +11,8 @@ import torch
 
 from geodml import kernels
 from geodml.algorithms.base import AlgoContext, FlatParams
-from geodml.algorithms.dgc import TopSelector, target_count
 from geodml.algorithms.gaia import Gaia
+from geodml.algorithms.topk import TopSelector, target_count
 
 
 def test_extension_is_built():

@@ -3,11 +3,17 @@
 import numpy as np
 import pytest
 
-from geodml.comm.collectives import (ring_allgather_duration_s, ring_allreduce_duration_s, ring_allreduce_sent_elements,
-                                     ring_chunk_sizes, star_broadcast_duration_s)
+from geodml.comm.collectives import (
+    ring_allgather_duration_s,
+    ring_allreduce_duration_s,
+    ring_allreduce_sent_elements,
+    ring_chunk_sizes,
+    star_broadcast_duration_s,
+)
 from geodml.comm.ledger import KINDS, Ledger
-from geodml.comm.transport import envelope_nbytes
-from geodml.comm.wan import EmulatedClock, TokenBucket, WanLink
+from geodml.comm.pacing import EmulatedClock, TokenBucket
+from geodml.comm.topology import WanLink
+from geodml.comm.wire import envelope_nbytes
 
 
 def test_kinds():

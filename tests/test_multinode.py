@@ -61,6 +61,7 @@ def _run_two_nodes(tmp_path: Path, out: Path, metrics_ports: tuple[int, int], ti
     return texts
 
 
+@pytest.mark.integration
 def test_two_nodes_equal_one_node(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     env = _launch_env(tmp_path, NPROC="4", MASTER_PORT=str(free_port()))
@@ -105,6 +106,7 @@ def _dry(script: str, *args: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(LAUNCH / script), *args], env=full, capture_output=True, text=True, timeout=30)
 
 
+@pytest.mark.integration
 def test_scripts_parse():
     for script in ("run.sh", "multinode.sh", "slurm.sbatch", "demo.sh", "test.sh", "bootstrap.sh"):
         r = subprocess.run(["bash", "-n", str(LAUNCH / script)], capture_output=True, text=True, timeout=30)
@@ -114,6 +116,7 @@ def test_scripts_parse():
         assert r.returncode == 0 and "--dry-run" in r.stdout and "NPROC" in r.stdout, script
 
 
+@pytest.mark.integration
 def test_slurm_dry_run_prints_srun_and_one_torchrun_per_node():
     r = _dry("slurm.sbatch", "--dry-run", "--algo", "bsp", "--out", "runs/x y", NODES="gpu-a gpu-b gpu-c", NPROC="4",
              RDZV_PORT="29611")
@@ -133,6 +136,7 @@ def test_slurm_dry_run_prints_srun_and_one_torchrun_per_node():
     assert r.returncode == 2 and "not inside a SLURM allocation" in r.stderr
 
 
+@pytest.mark.integration
 def test_single_and_multinode_dry_runs_and_checks():
     r = _dry("run.sh", "--dry-run", "--steps", "3", NPROC="16", MASTER_PORT="29700")
     assert r.returncode == 0, r.stderr

@@ -137,6 +137,7 @@ def test_finished_runs_are_reused_and_reported(tmp_path, capsys):
     assert text.count("] reused ") == 6
 
 
+@pytest.mark.integration
 def test_failed_run_is_rerun_reported_and_excluded(tmp_path, capsys):
     """An interrupted run (launch.json, no summary) is launched again; its failure shows, with stderr."""
     out = fake_study(tmp_path, STUDY, {**FINISHED, "gaia-t0-0.1": None})
@@ -153,6 +154,7 @@ def test_failed_run_is_rerun_reported_and_excluded(tmp_path, capsys):
     assert "FAILED gaia-t0-0.1" in text and "boom: bad thing" in text and "FAILED (exit 3)" in text
 
 
+@pytest.mark.integration
 def test_failed_target_means_no_oracle(tmp_path, capsys):
     out = fake_study(tmp_path, STUDY, {**FINISHED, "bsp-iid": None})
     assert oracle.main([*STUDY, "--out", str(out)], launcher=python_launcher("raise SystemExit(1)")) == 1
@@ -176,6 +178,7 @@ def python_launcher(code: str):
     return launch
 
 
+@pytest.mark.integration
 def test_runner_runs_and_reads_summary(tmp_path):
     write = "import json, sys, pathlib; pathlib.Path(sys.argv[1], 'summary.json').write_text(json.dumps({'final_val_accuracy': 0.5, 'wan_bytes_total': 7}))"
     specs = [RunSpec(f"r{i}", tmp_path / f"r{i}", ("--algo", "bsp"), 2) for i in range(3)]
@@ -186,11 +189,13 @@ def test_runner_runs_and_reads_summary(tmp_path):
     assert [r.status for r in again] == ["reused"] * 3
 
 
+@pytest.mark.integration
 def test_runner_exit_0_without_summary_is_a_failure(tmp_path):
     res = run_all([RunSpec("r", tmp_path / "r", (), 1)], launcher=python_launcher("pass"), log=lambda m: None, poll_s=0.02)
     assert res[0].status == "failed" and "no readable summary.json" in res[0].error
 
 
+@pytest.mark.integration
 def test_runner_timeout_kills_the_run(tmp_path):
     pids = []
 
@@ -205,6 +210,7 @@ def test_runner_timeout_kills_the_run(tmp_path):
     assert time.monotonic() - t < 10 and not psutil.pid_exists(pids[0])
 
 
+@pytest.mark.integration
 def test_interrupt_kills_the_process_tree(tmp_path):
     """Ctrl-C while waiting: the child and its own child (another session, like torchrun's workers) die."""
     grandchild = tmp_path / "grandchild.pid"
@@ -231,6 +237,7 @@ def test_interrupt_kills_the_process_tree(tmp_path):
 
 # ---- one tiny real study ------------------------------------------------------------------------
 
+@pytest.mark.integration
 def test_tiny_real_oracle_study(tmp_path, capsys):
     """BSP-IID (= same-setting BSP with --partition iid) and Gaia at two thresholds, 2 processes, 10 steps."""
     out = tmp_path / "study"

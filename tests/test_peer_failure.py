@@ -32,6 +32,7 @@ def _launch(k: int, argv: list[str], tmp, fault: str) -> list[subprocess.Popen]:
     return procs
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("algo", ["gaia", "bsp"])
 def test_dead_rank_stops_every_other_rank_naming_it(tmp_path, algo):
     k, victim = 3, 1
@@ -74,6 +75,12 @@ class _FakeStore:
         self.kv[key] = self.kv.get(key, 0) + n
         return self.kv[key]
 
+    def set(self, key, value):
+        self.kv[key] = value
+
+    def get(self, key):
+        return self.kv[key]
+
 
 def test_watch_names_a_silent_peer_and_ignores_finished_ones():
     """In-process: rank 0 watches ranks 1 (finished: marks done) and 2 (silent) through one store."""
@@ -103,3 +110,97 @@ def test_failed_peer_is_named_at_once_and_comm_errors_are_recognized():
     assert looks_like_peer_loss(ConnectionResetError())
     assert not looks_like_peer_loss(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
     assert not looks_like_peer_loss(ValueError("bad"))
+
+
+def test_a_peers_bad_input_makes_every_rank_exit_2_and_only_rank_0_speak():
+    """A bad input found after the process group exists (issue 20, class 1): the rank that found it
+    marks it in the store; a watching peer hands the message to ``on_input_error`` at its next check
+    (by default: rank 0 prints it, every rank exits 2) instead of naming a lost rank."""
+    store = _FakeStore()
+    failing = PeerWatch(rank=1, world_size=2, timeout_s=30.0, store=store, on_lost=lambda m: None)
+    failing.mark_failed(input_error="--metrics-port 9000: port 9001 is not free")
+    seen, lost = [], []
+    w = PeerWatch(rank=0, world_size=2, timeout_s=30.0, store=store, on_lost=lost.append, on_input_error=seen.append)
+    w.start()
+    deadline = time.monotonic() + 5
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.02)
+    w.stop(done=False)
+    assert seen == ["--metrics-port 9000: port 9001 is not free"] and lost == []
+
+
+STARTUP_ARGV = ["--dataset", "digits", "--model", "logreg", "--no-progress", "--wan", "off", "--algo", "bsp",
+                "--steps", "5", "--comm-timeout", "6"]
+
+
+def _wait_all(procs, bound_s):
+    deadline = time.monotonic() + bound_s
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        time.sleep(0.05)
+    return [r for r, p in enumerate(procs) if p.poll() is None]
+
+
+@pytest.mark.integration
+def test_rank_lost_during_startup_is_named_within_the_bound(tmp_path):
+    """Issue 20, class 6: rank 2 dies before it joins (before any process group). The others wait at
+    most --comm-timeout (6 s) in the join, not torch's rendezvous, and exit 3; exactly one of them
+    says how many joined and which rank is missing; no traceback."""
+    k = 3
+    procs = _launch(k, [*STARTUP_ARGV, "--out", str(tmp_path / "run")], tmp_path, fault="rank=2,at=startup")
+    try:
+        t0 = time.monotonic()
+        alive = _wait_all(procs, 60)
+        took = time.monotonic() - t0
+    finally:
+        _kill(procs)
+    assert not alive, f"ranks {alive} still running after 60 s"
+    errs = [(tmp_path / f"err{r}.txt").read_text() for r in range(k)]
+    assert procs[2].returncode != 0 and "GEODML_FAULT: rank 2 dies at startup" in errs[2]
+    assert [procs[r].returncode for r in (0, 1)] == [PEER_LOST_EXIT] * 2, errs
+    text = errs[0] + errs[1]
+    assert text.count("geodml: error:") == 1, text
+    assert "start-up: 2 of 3 ranks joined within 6 s (--comm-timeout); missing: rank 2" in text, text
+    assert "Traceback" not in text
+    print(f"ranks 0 and 1 gone {took:.1f} s after start (bound: --comm-timeout 6 s + start-up)")
+
+
+@pytest.mark.integration
+def test_store_host_lost_during_startup_is_named(tmp_path):
+    """Without a torchrun agent rank 0 hosts the store; if it dies before it starts it, the others
+    say so within --comm-timeout and exit 3 (no traceback)."""
+    k = 3
+    procs = _launch(k, [*STARTUP_ARGV, "--out", str(tmp_path / "run")], tmp_path, fault="rank=0,at=startup")
+    try:
+        alive = _wait_all(procs, 60)
+    finally:
+        _kill(procs)
+    assert not alive
+    for r in (1, 2):
+        err = (tmp_path / f"err{r}.txt").read_text()
+        assert procs[r].returncode == PEER_LOST_EXIT, err[-2000:]
+        assert "cannot reach the store rank 0 hosts (no torchrun agent)" in err and "rank 0 is missing" in err, err
+        assert err.count("geodml: error:") == 1 and "Traceback" not in err
+
+
+@pytest.mark.integration
+def test_rank_killed_after_the_summary_does_not_fail_the_finished_job(tmp_path):
+    """Issue 20, class 5: rank 1 is SIGKILLed once summary.json exists (as if it died during
+    --metrics-linger). torchrun --max-restarts 1 restarts the workers; they find the run finished
+    and exit 0, so the job exits 0, and they change nothing in the run directory."""
+    from geodml import rundir
+    from tests.mp import run_torchrun
+    out = tmp_path / "run"
+    argv = [*STARTUP_ARGV, "--steps", "20", "--out", str(out)]
+    r = run_torchrun(2, argv, timeout_s=240, extra_torchrun=["--max-restarts", "1"],
+                     env={"GEODML_FAULT": "rank=1,at=finished"})
+    text = r.stdout + r.stderr
+    assert "GEODML_FAULT: rank 1 dies at finished (kill)" in text, text[-3000:]
+    assert r.returncode == 0, text[-3000:]
+    assert "already holds this run, finished (summary.json): nothing to do after the torchrun restart" in text
+    assert "Traceback" not in text
+    summary = rundir.read_summary(out)
+    assert summary is not None and summary["steps"] == 20
+    # the restarted attempt wrote nothing: every file is older than the summary (written last)
+    written_last = (out / rundir.SUMMARY).stat().st_mtime
+    newer = [p.name for p in out.rglob("*") if p.is_file() and p.stat().st_mtime > written_last + 0.5]
+    assert not newer, newer

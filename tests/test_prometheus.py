@@ -29,9 +29,17 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
+from geodml.algorithms.knob import KnobSpec
 from geodml.cli import parse_config
-from geodml.metrics.prometheus import (COMMON_LABELS, LINK_LABELS, METRICS, MetricsError, RankExporter,
-                                       advertised_host, file_sd_groups)
+from geodml.metrics.prometheus import (
+    COMMON_LABELS,
+    METRICS,
+    MetricsError,
+    RankExporter,
+    advertised_host,
+    file_sd_groups,
+)
+from tests.debpkg import debian_binary
 from tests.mp import REPO, _env, _kill, free_port, run_workers
 
 DASHBOARD = REPO / "launch/grafana/provisioning/dashboards/geodml.json"
@@ -63,8 +71,7 @@ class _State:
 
 
 class _Algo:
-    theta_name = "t0"
-    theta = 0.2
+    knob = KnobSpec("t0", (0.1, 0.2)).bind(get=lambda: 0.2, set=lambda value: None)
 
 
 ROWS = [
@@ -160,9 +167,9 @@ def test_port_in_use_is_a_clear_error():
 
 def _start_collective(rank: int, world: int, bases: list[int]):
     """Phase 1: both ranks start and see each other; phase 2: rank 1's port is taken."""
-    from geodml.comm import Comm
+    from geodml.comm import DistComm
     from geodml.metrics.prometheus import start_rank_exporter
-    comm = Comm(rank=rank, world_size=world, region_of_rank=["eu", "us"])
+    comm = DistComm(rank=rank, world_size=world, region_of_rank=["eu", "us"])
     results = []
     for phase, base in enumerate(bases):
         blocker = None
@@ -208,6 +215,7 @@ def _free_base(n: int) -> int:
     raise RuntimeError("no free port range")
 
 
+@pytest.mark.integration
 def test_exporters_start_together_or_fail_together():
     bases = [_free_base(2)]
     while len(bases) < 2:  # two disjoint ranges: phase 2 never meets phase 1's closed sockets
@@ -336,6 +344,7 @@ def test_dashboard_is_valid_grafana_json_over_exporter_metrics():
             "geodml_process_resident_memory_bytes"} <= used
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package prometheus) not installed")
 def test_shipped_prometheus_config_is_valid():
     r = subprocess.run(["promtool", "check", "config", str(PROM_CONFIG)], capture_output=True, text=True, timeout=30)
@@ -345,24 +354,7 @@ def test_shipped_prometheus_config_is_valid():
 # ---- integration: a real Prometheus scrapes a 3-rank run --------------------------------------
 def _prometheus_binary() -> tuple[str | None, str]:
     """The prometheus binary, installing the Debian package when missing and possible."""
-    found = shutil.which("prometheus")
-    if found:
-        return found, ""
-    if not shutil.which("apt-get"):
-        return None, "the Debian package `prometheus` is not installed and apt-get is not available"
-    if os.geteuid() != 0:
-        return None, "the Debian package `prometheus` is not installed and installing it needs root (apt-get install prometheus)"
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "prometheus"]
-    try:
-        r = subprocess.run(install, env=env, capture_output=True, text=True, timeout=300)
-        if r.returncode != 0:
-            subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, timeout=300)
-            r = subprocess.run(install, env=env, capture_output=True, text=True, timeout=300)
-    except subprocess.TimeoutExpired:
-        return None, "apt-get install prometheus timed out"
-    found = shutil.which("prometheus") or (os.path.exists("/usr/bin/prometheus") and "/usr/bin/prometheus")
-    return (found or None), f"apt-get install prometheus failed: {r.stderr.strip()[-300:]}"
+    return debian_binary(("prometheus",), ("prometheus",))
 
 
 def _query(prom: str, expr: str, at: float) -> list:
@@ -404,6 +396,7 @@ latency_ms = 20
 """
 
 
+@pytest.mark.integration
 def test_real_prometheus_scrapes_a_run_through_the_targets_file(tmp_path):
     binary, why = _prometheus_binary()
     if binary is None:
@@ -483,7 +476,7 @@ def test_real_prometheus_scrapes_a_run_through_the_targets_file(tmp_path):
         assert emu == pytest.approx(summary["wan_emulated_seconds_by_link"])
         assert _value(prom, f"max(geodml_validation_accuracy{sel})", t) == summary["final_val_accuracy"]
         assert _value(prom, f"max(geodml_emulated_time_seconds{sel})", t) == pytest.approx(summary["emulated_seconds"])
-        assert _value(prom, f'max(geodml_skewscout_theta{{run="run-gaia", param="t0"}})', t) == summary["theta_final"]
+        assert _value(prom, 'max(geodml_skewscout_theta{run="run-gaia", param="t0"})', t) == summary["theta_final"]
         assert len(_query(prom, f"geodml_skewscout_accuracy_loss{sel}", t)) == 3  # every rank measured its own
         assert len(_query(prom, f"geodml_train_loss{sel}", t)) == 3
 

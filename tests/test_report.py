@@ -1,15 +1,30 @@
-"""``python -m geodml.report``: PNGs from run directories (synthetic runs: fast, exact inputs)."""
+"""``python -m geodml.report``: PNGs and the one-file HTML report from run and study directories
+(synthetic runs: fast, exact inputs; tests/test_dashboard.py renders the HTML in a browser)."""
 
 from __future__ import annotations
 
+import base64
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from geodml.report import PLOTS, ReportError, link_matrix, load_run, main, write_report
+from geodml.report import (
+    PLOTS,
+    ReportError,
+    default_target,
+    is_study_dir,
+    link_matrix,
+    load_inputs,
+    load_run,
+    main,
+    markdown_html,
+    write_html,
+    write_report,
+)
 from tests.mp import REPO, _env
 
 pytest.importorskip("matplotlib", reason="matplotlib is in the test extra (pip install -e '.[test]')")
@@ -72,6 +87,7 @@ def test_cli_errors(tmp_path, capsys):
     assert "not a directory" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_python_dash_m_entry_point_writes_into_the_run_dir(tmp_path):
     run = make_run(tmp_path, "solo", "gaia", bytes_per_step=10, acc_gain=0.01)
     r = subprocess.run([sys.executable, "-m", "geodml.report", str(run)], cwd=REPO, env=_env(), capture_output=True,
@@ -79,3 +95,91 @@ def test_python_dash_m_entry_point_writes_into_the_run_dir(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == [str(run / n) for n in PLOTS]  # one run: PNGs go into its directory
     assert all((run / n).read_bytes().startswith(PNG_MAGIC) for n in PLOTS)
+
+
+# ---- studies and the one-file HTML report ---------------------------------------------------------
+def make_study(root: Path) -> Path:
+    """A noniid study directory written by geodml.study itself (4 runs made here, reused, none launched)."""
+    from geodml.study import paper, runner
+
+    argv = ["--budget", "quick", "--algos", "gaia", "--nproc", "2", "--out", str(root / "study")]
+    _, _, cells = paper.prepare("noniid", argv)
+    quality = {"bsp-iid": (200_000, 0.018), "bsp-noniid-100": (200_000, 0.017), "gaia-t0-0.1-iid": (5_000, 0.017),
+               "gaia-t0-0.1-noniid-100": (4_000, 0.006)}
+    for c in cells:
+        per_step, gain = quality[c.spec.run_id]
+        counts = ((50, 0, 5), (0, 40, 10)) if "noniid" in c.setting else ((30, 20, 5), (25, 20, 5))
+        d = make_run(c.spec.out.parent, c.spec.out.name, c.algo, bytes_per_step=per_step, acc_gain=gain, counts=counts)
+        (d / "launch.json").write_text(json.dumps(runner.launch_record(c.spec)))
+
+    def no_launch(spec, stdout, stderr):
+        raise AssertionError(f"launched {spec.run_id}")
+    assert paper.noniid(argv, launcher=no_launch) == 0
+    return root / "study"
+
+
+def _self_contained(page: str) -> None:
+    """No reference leaves the file: every src is a data: URI, no link, script or stylesheet elsewhere."""
+    assert re.findall(r'\ssrc="([^"]*)"', page) and all(u.startswith("data:image/png;base64,")
+                                                         for u in re.findall(r'\ssrc="([^"]*)"', page))
+    assert all(h.startswith("#") for h in re.findall(r'\shref="([^"]*)"', page))
+    assert "<script" not in page and "<link" not in page and "@import" not in page and "url(" not in page
+
+
+def test_html_report_of_runs(tmp_path):
+    a = make_run(tmp_path, "bsp", "bsp", bytes_per_step=100_000, acc_gain=0.018)
+    b = make_run(tmp_path, "gaia", "gaia", bytes_per_step=3_000, acc_gain=0.016)
+    c = make_run(tmp_path, "gaia-live", "gaia", bytes_per_step=3_000, acc_gain=0.01, finished=False)
+    out = write_html([a, b, c], tmp_path / "r" / "report.html")
+    page = out.read_text()
+    _self_contained(page)
+    figures = re.findall(r'<figure class="plot" data-plot="([^"]+)"><img alt="[^"]*" src="data:image/png;base64,([^"]+)"',
+                         page)
+    assert [name for name, _ in figures] == ["accuracy_vs_wan_bytes", "accuracy_vs_emulated_time", "bytes_by_link",
+                                             "label_distribution"]
+    assert all(base64.b64decode(data).startswith(PNG_MAGIC) and len(data) > 5000 for _, data in figures)
+    # summary: one row per run, the running one marked; the target table: 95% of the best accuracy (0.9 -> 0.85)
+    assert page.count('<td class="state-finished">finished</td>') == 2 and "running or stopped" in page
+    assert "<td>gaia</td><td>t0=0.1</td>" in page and '<td class="num">0.9000</td>' in page
+    assert "Bytes and time to accuracy 0.85" in page and "not reached (best 0.5000)" in page
+    # bsp reaches it at step 50 (0.018 x 50 = 0.9) having sent 5 MB; gaia (0.016 x 50 = 0.8) does not
+    assert '<td>bsp (bsp)</td><td class="num">0.9000</td><td class="num">50</td><td class="num">5 MB</td>' in page
+    # bytes per link: every run with a summary, WAN links first, LAN marked
+    assert "<th>eu → us</th><th>us → eu</th><th>eu → eu (LAN)</th>" in page
+    assert main([str(a), "--html", str(tmp_path / "r2.html"), "--target", "0.5"]) == 0
+    assert "Bytes and time to accuracy 0.50" in (tmp_path / "r2.html").read_text()
+    assert not (a / PLOTS[0]).exists()  # --html alone writes no PNG
+
+
+def test_html_report_of_a_study(tmp_path):
+    study = make_study(tmp_path)
+    assert is_study_dir(study) and not is_study_dir(study / "bsp-iid")
+    runs, studies = load_inputs([study, study / "bsp-iid"])  # a run named twice is shown once
+    assert [r.name for r in runs] == ["bsp-iid", "bsp-noniid-100", "gaia-t0-0.1-iid", "gaia-t0-0.1-noniid-100"]
+    assert runs[2].label == "LeNet Gaia T0=10% iid (gaia-t0-0.1-iid)"  # the study's own series names
+    page = write_html([study], tmp_path / "study.html").read_text()
+    _self_contained(page)
+    assert '<section class="study" id="study-noniid"><h2>Study: noniid (Quagmire Figure 1)</h2>' in page
+    # the paper-vs-ours table of geodml.study.paper: ours beside Hsieh et al.'s CIFAR-10 LeNet numbers
+    assert "<th>configuration</th><th>iid</th><th>noniid-100%</th><th>paper iid</th><th>paper noniid-100%</th>" in page
+    assert "<td>Gaia T0=10%</td><td>85.0% (-5.0 pp)</td><td>30.0% (-60.0 pp)</td><td>76.7% (-0.7 pp)</td>" in page
+    assert 'data-plot="noniid_accuracy"' in page and page.count('<tr><td>') >= 4
+    paths = write_report([study], tmp_path / "pngs")  # the PNG report takes a study directory too
+    assert all(p.read_bytes().startswith(PNG_MAGIC) for p in paths)
+    assert default_target(runs) == 0.85
+
+
+def test_markdown_subset():
+    text = "# Title `x`\n\nSome <b> text\nmore.\n\n| a | b |\n|---|---|\n| 1 | `c` |\n| 2 | 3 |\n\nTail"
+    assert markdown_html(text) == (
+        "<h3>Title <code>x</code></h3>\n<p>Some &lt;b&gt; text more.</p>\n"
+        '<div class="scroll"><table class="study"><tr><th>a</th><th>b</th></tr><tr><td>1</td><td><code>c</code></td></tr>'
+        "<tr><td>2</td><td>3</td></tr></table></div>\n<p>Tail</p>")
+
+
+def test_html_cli_errors(tmp_path, capsys):
+    run = make_run(tmp_path, "solo", "gaia", bytes_per_step=10, acc_gain=0.01)
+    assert main([str(run), "--html", str(tmp_path / "x.html"), "--target", "1.5"]) == 2
+    assert "--target must be in (0, 1]" in capsys.readouterr().err
+    assert main([str(tmp_path / "nope"), "--html", str(tmp_path / "x.html")]) == 2
+    assert "not a directory" in capsys.readouterr().err and not (tmp_path / "x.html").exists()

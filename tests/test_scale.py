@@ -21,7 +21,7 @@ import torch
 
 from geodml.data.datasets import load_dataset, load_dataset_cached, resolve_cache_dir
 from tests.mp import REPO, free_port, run_command, run_workers
-from tests.test_datasets import make_idx_dir
+from tests.datafiles import make_idx_dir
 
 ARRAYS = ("train_x", "train_y", "test_x", "test_y")
 
@@ -96,6 +96,7 @@ def _load_concurrently(rank: int, world_size: int, *, cache_dir: str) -> tuple[b
     return decoded, _digest(ds)
 
 
+@pytest.mark.integration
 def test_concurrent_ranks_decode_once(tmp_path):
     """Four processes start together on a cold cache: exactly one decodes, all get the same arrays."""
     results = run_workers("tests.test_scale:_load_concurrently", 4, timeout_s=120, cache_dir=str(tmp_path / "c"))
@@ -107,6 +108,7 @@ def test_concurrent_ranks_decode_once(tmp_path):
 # ---------------------------------------------------------------- K=16 on this machine
 
 
+@pytest.mark.integration
 def test_k16_short_run(tmp_path):
     k, steps = 16, 3
     out = tmp_path / "run"

@@ -46,6 +46,7 @@ def _travel_worker(rank, world, mode, rounds):
         comm.close()
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("mode,expected_al", [("specialized", 1.0), ("general", 0.0)])
 def test_accuracy_loss_known_for_constructed_partitions(mode, expected_al):
     rounds = 4
@@ -74,12 +75,13 @@ def _trajectory(out):
 
 @pytest.mark.parametrize("partition,direction", [(["--partition", "label", "--skew", "1.0"], "tighter"),
                                                   (["--partition", "iid"], "looser")])
+@pytest.mark.integration
 def test_gaia_skewscout_end_to_end(tmp_path, partition, direction):
     """Same start (T0 = 10%): 100% non-IID partitions diverge (high AL) and SkewScout tightens T0;
     IID partitions agree (AL ~ 0) and it loosens T0. Travel bytes = model bytes x trips + envelopes."""
     import msgpack
 
-    from geodml.comm.transport import PROTOCOL_VERSION
+    from geodml.comm.wire import PROTOCOL_VERSION
     # 40 steps before the first decision (barely trained models disagree even on IID data) and
     # 300 evaluation samples (AL's sampling noise is about +-0.03 with 100)
     k, every, steps, out = 3, 40, 120, tmp_path / "run"

@@ -215,6 +215,7 @@ def python_launcher(code):
     return launch
 
 
+@pytest.mark.integration
 def test_failed_run_is_reported_and_excluded(tmp_path, capsys):
     out = fake_runs(tmp_path, "noniid", QUICK, {**DONE, "bsp-iid": None})
     failing = python_launcher("import sys; sys.stderr.write('boom: no data\\n'); sys.exit(3)")
@@ -230,6 +231,7 @@ def test_failed_run_is_reported_and_excluded(tmp_path, capsys):
 
 # ---- one real quick study (machinery, not science) --------------------------------------------------
 
+@pytest.mark.integration
 def test_quick_noniid_study_runs_and_resumes(tmp_path, capsys):
     """BSP and Gaia, IID vs 100% non-IID, K=2, 4 steps each: 4 torchrun runs, then all reused."""
     out = tmp_path / "quick"

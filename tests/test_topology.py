@@ -4,8 +4,17 @@ import textwrap
 
 import pytest
 
-from geodml.comm.wan import (DEFAULT_LAN, TOPOLOGY_DIR, Topology, TopologyError, WanLink, default_topology,
-                             load_topology, shipped_topologies, topology_from_dict)
+from geodml.comm.topology import (
+    DEFAULT_LAN,
+    TOPOLOGY_DIR,
+    Topology,
+    TopologyError,
+    WanLink,
+    default_topology,
+    load_topology,
+    shipped_topologies,
+    topology_from_dict,
+)
 
 
 def write(tmp_path, text, name="t.toml"):

@@ -1,34 +1,57 @@
 """Decentralized learning algorithms, one per file (Quagmire Appendix A).
 
-``build_algorithm`` maps ``--algo`` onto a class (imported on demand); every class
+``REGISTRY`` maps ``--algo`` onto an :class:`AlgorithmFactory` (imported on demand): the
+algorithm's class for BSP, local, Gaia and DGC, and geodml.algorithms.federated's
+``FedAvgFamily`` for FedAvg (it composes the variants the config asks for). Every algorithm
 implements the hooks of geodml.algorithms.base.Algorithm.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
-from geodml.algorithms.base import AlgoContext, Algorithm, FlatParams
+from geodml.algorithms.base import AlgoContext, Algorithm, FlatParams, LocalWork
+from geodml.algorithms.knob import Knob, KnobSpec
 from geodml.config import RunConfig
+
+if TYPE_CHECKING:
+    from geodml.comm.api import Comm
 
 REGISTRY: dict[str, str] = {
     "bsp": "geodml.algorithms.bsp:BSP",
     "local": "geodml.algorithms.local:Local",
     "gaia": "geodml.algorithms.gaia:Gaia",
     "dgc": "geodml.algorithms.dgc:DGC",
-    "fedavg": "geodml.algorithms.fedavg:FedAvg",
+    "fedavg": "geodml.algorithms.federated:FedAvgFamily",
 }
 
 
-def algorithm_class(name: str) -> type[Algorithm]:
-    module, cls = REGISTRY[name].split(":")
-    return getattr(importlib.import_module(module), cls)
+class AlgorithmFactory(Protocol):
+    """What REGISTRY names for each ``--algo``."""
+
+    @property
+    def KNOB(self) -> KnobSpec | None:  # noqa: N802 -- a class constant
+        """The knob (name, grid) the algorithm has with default flags, known before anything is
+        built: the studies plan one run per grid point. None: no communication knob."""
+        ...
+
+    def from_config(self, cfg: RunConfig, *, flat: FlatParams, comm: Comm, ctx: AlgoContext) -> Algorithm:
+        """The algorithm ``cfg.algo`` asks for (cfg is validated), on this rank's parameters and Comm."""
+        ...
 
 
-def build_algorithm(cfg: RunConfig, *, flat: FlatParams, comm: Any, ctx: AlgoContext) -> Algorithm:
+def algorithm_factory(name: str) -> AlgorithmFactory:
+    """The factory of ``--algo name`` (KeyError for an unknown name; RunConfig rejects those first)."""
+    module, attr = REGISTRY[name].split(":")
+    factory: AlgorithmFactory = getattr(importlib.import_module(module), attr)
+    return factory
+
+
+def build_algorithm(cfg: RunConfig, *, flat: FlatParams, comm: Comm, ctx: AlgoContext) -> Algorithm:
     """Instantiate the algorithm named by ``cfg.algo.algo``."""
-    return algorithm_class(cfg.algo.algo).from_config(cfg, flat=flat, comm=comm, ctx=ctx)
+    return algorithm_factory(cfg.algo.algo).from_config(cfg, flat=flat, comm=comm, ctx=ctx)
 
 
-__all__ = ["AlgoContext", "Algorithm", "FlatParams", "REGISTRY", "algorithm_class", "build_algorithm"]
+__all__ = ["AlgoContext", "Algorithm", "AlgorithmFactory", "FlatParams", "Knob", "KnobSpec", "LocalWork", "REGISTRY",
+           "algorithm_factory", "build_algorithm"]

@@ -15,7 +15,13 @@ The trainer calls, every minibatch, after ``loss.backward()`` has filled ``flat.
 * ``local_update`` -- the local momentum-SGD update above, on flat buffers; DGC overrides it.
 * ``after_step``   -- parameter/update exchange (Gaia significant updates, FedAvg averaging).
 
-An algorithm talks only through ``self.comm`` (geodml.comm.Comm); it never opens a socket or
+Before that, the trainer asks ``algo.work`` (:class:`LocalWork`) what to compute: whether this
+partition computes at all this step, which examples, and how they weigh in the loss. Only the
+FedAvg family (client sampling, FedVC, FedIR, IWDS) differs from :class:`PlainWork`.
+
+SkewScout turns ``algo.knob`` (geodml.algorithms.knob.Knob; None: no knob).
+
+An algorithm talks only through ``self.comm`` (geodml.comm.api.Comm); it never opens a socket or
 calls torch.distributed itself. Its state is one checkpointable object: hyper-parameters,
 internal state (tensors) and statistics (DESIGN.md style rule 5).
 """
@@ -23,11 +29,16 @@ internal state (tensors) and statistics (DESIGN.md style rule 5).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 import torch
 from torch import nn
+
+from geodml.algorithms.knob import Knob
+
+if TYPE_CHECKING:
+    from geodml.comm.api import Comm
 
 
 @dataclass(frozen=True)
@@ -83,49 +94,75 @@ class FlatParams:
     def zero_grad(self) -> None:
         self.grad.zero_()
 
-    def check_views(self) -> None:
-        """Invariant: autograd still accumulates into our flat gradient (not a new tensor)."""
-        for p in self.params:
-            assert p.grad is not None and p.grad.data_ptr() >= self.grad.data_ptr(), "gradient view was replaced"
+
+class BatchSource(Protocol):
+    """A partition's minibatch order (geodml.trainer.BatchSampler)."""
+
+    indices: np.ndarray
+    """All training-set indices of the partition."""
+
+    def next(self) -> np.ndarray:
+        """The next minibatch's training-set indices (a buffer reused by the next call)."""
+        ...
+
+
+class LocalWork(Protocol):
+    """What a partition computes at a step, asked by the trainer before forward/backward."""
+
+    def computes(self, step: int) -> bool:
+        """False: no local work at ``step`` (e.g. not selected this round); the trainer skips
+        forward/backward, zeroes the gradient and still calls ``algo.step``."""
+        ...
+
+    def batch_indices(self, step: int, sampler: BatchSource) -> np.ndarray:
+        """Training-set indices of this step's minibatch (``batch_size`` of them)."""
+        ...
+
+    def sample_weights(self, labels: torch.Tensor, step: int) -> torch.Tensor | None:
+        """Per-sample loss weights w_i, loss = mean(w_i * l_i) over the minibatch; None: the plain
+        mean. The tensor may be a buffer reused by the next call."""
+        ...
+
+
+class PlainWork:
+    """Every step, the sampler's next minibatch, a plain mean loss (every algorithm but FedAvg's family)."""
+
+    def computes(self, step: int) -> bool:
+        return True
+
+    def batch_indices(self, step: int, sampler: BatchSource) -> np.ndarray:
+        return sampler.next()
+
+    def sample_weights(self, labels: torch.Tensor, step: int) -> torch.Tensor | None:
+        return None
+
+
+PLAIN_WORK = PlainWork()
 
 
 class Algorithm:
     """Base class: vanilla momentum SGD with no communication (one isolated partition).
 
-    Subclasses override one or more hooks. ``theta_name`` / ``theta_grid`` describe the
-    communication knob that SkewScout turns (T0, Iter_Local, E_warm), ordered from most to
-    least communication; ``None`` means the algorithm has no knob (BSP).
+    Subclasses override one or more hooks. Building one from a RunConfig is the registry's
+    business (geodml.algorithms.AlgorithmFactory).
     """
 
-    name = "base"
-    theta_name: str | None = None
-    theta_grid: tuple[float, ...] = ()
+    name: ClassVar[str] = "base"
+    knob: Knob | None = None
+    """SkewScout's communication knob (geodml.algorithms.knob.Knob: name, grid, get, set); None: the
+    algorithm has none (BSP, local)."""
 
-    def __init__(self, *, flat: FlatParams, comm: Any, momentum: float, ctx: AlgoContext) -> None:
+    def __init__(self, *, flat: FlatParams, comm: Comm, momentum: float, ctx: AlgoContext) -> None:
         self.flat = flat
         self.comm = comm
         self.momentum = float(momentum)
         self.ctx = ctx
         self.u = torch.zeros_like(flat.data)  # momentum buffer u^k (already scaled by -eta)
 
-    @classmethod
-    def from_config(cls, cfg: Any, *, flat: FlatParams, comm: Any, ctx: AlgoContext) -> "Algorithm":
-        """Build from a RunConfig; subclasses with hyper-parameters override and read cfg.algo."""
-        return cls(flat=flat, comm=comm, momentum=cfg.optim.momentum, ctx=ctx)
-
-    # ---- hooks into the trainer's minibatch (defaults: plain SGD) ------------------------
-    def computes(self, step: int) -> bool:
-        """False: this partition does no local work at ``step`` (e.g. not selected this round);
-        the trainer skips forward/backward but still calls ``step``."""
-        return True
-
-    def batch_indices(self, step: int, sampler: Any) -> np.ndarray:
-        """Training-set indices of this step's minibatch (default: the partition's sampler)."""
-        return sampler.next()
-
-    def sample_weights(self, labels: torch.Tensor, step: int) -> torch.Tensor | None:
-        """Per-sample loss weights (loss = mean(w_i * l_i)); None = plain mean (FedIR, IWDS override)."""
-        return None
+    @property
+    def work(self) -> LocalWork:
+        """What this partition computes each step (default: :class:`PlainWork`)."""
+        return PLAIN_WORK
 
     # ---- hooks -----------------------------------------------------------------------
     def step(self, step: int, lr: float) -> None:
@@ -159,15 +196,6 @@ class Algorithm:
         """When ``models_agree`` is False: a rank whose weights ARE the global model (FedAvg with
         client sampling, at a round boundary), or None to average all partitions' weights."""
         return None
-
-    @property
-    def theta(self) -> float | None:
-        return None
-
-    @theta.setter
-    def theta(self, value: float | None) -> None:
-        if value is not None:
-            raise ValueError(f"{self.name} has no communication knob to set")
 
     def stats(self) -> dict[str, float]:
         """Per-step statistics for metrics.jsonl (numbers only)."""

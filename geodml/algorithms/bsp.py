@@ -10,11 +10,23 @@ minibatches (tests/test_bsp.py checks it).
 
 from __future__ import annotations
 
-from geodml.algorithms.base import Algorithm
+from typing import TYPE_CHECKING, ClassVar
+
+from geodml.algorithms.base import AlgoContext, Algorithm, FlatParams
+from geodml.algorithms.knob import KnobSpec
+
+if TYPE_CHECKING:
+    from geodml.comm.api import Comm
+    from geodml.config import RunConfig
 
 
 class BSP(Algorithm):
     name = "bsp"
+    KNOB: ClassVar[KnobSpec | None] = None  # no communication knob
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, *, flat: FlatParams, comm: Comm, ctx: AlgoContext) -> BSP:
+        return cls(flat=flat, comm=comm, momentum=cfg.optim.momentum, ctx=ctx)
 
     def before_step(self, step: int, lr: float) -> None:
         self.comm.all_reduce(self.flat.grad, "gradient", average=True)

@@ -32,7 +32,7 @@ each stage lasting ``e_warm`` epochs, then the final sparsity (``--sparsity``, d
 for the rest of the run. A stage above the final sparsity is capped at it (``--sparsity 0`` is
 dense throughout); ``e_warm = 0`` starts at the final sparsity. Epochs are
 ``step / steps_per_epoch``: stage i covers steps ``[i * e_warm * spe, (i+1) * e_warm * spe)``.
-SkewScout's knob is ``e_warm`` (``theta``); changing it mid-run re-evaluates the stage from the
+SkewScout's knob is ``e_warm`` (``knob``); changing it mid-run re-evaluates the stage from the
 current step, so a longer warm-up can move a run back to a denser stage.
 
 **Local gradient clipping** (Lin et al.'s "local gradient clipping"): each partition clips its
@@ -44,25 +44,11 @@ local gradient is rescaled so that ``||grad||_2 <= clip_norm / sqrt(K)``, where 
 Default ``None``: no clipping. A norm threshold is model-specific and neither paper states one
 for the CNNs studied here, so clipping is opt-in; when on, it behaves as DGC describes.
 
-**Threshold selection** (Lin et al.'s sampled top-k: estimate the threshold on a 0.1-1% sample,
-compute it precisely among the selected when far too many pass), per step on |v| of N entries,
-target k = ceil((1 - s) * N):
-
-1. Draw ``n_s = max(ratio * N, 64 / (1 - s))`` sample indices uniformly (with replacement) from
-   a ``torch.Generator`` seeded from (seed, rank); take the sample's order statistic a margin of
-   two standard deviations *below* the top-(1-s) quantile, so that the candidates
-   ``C = {j : |v_j| >= T}`` contain the exact top-k with high probability.
-2. If k <= |C| <= 1.3 k: send C (it is a superset of the exact top-k, as in DGC).
-3. If |C| > 1.3 k: refine: the exact top-k among the candidates only (cheap: |C| << N).
-4. If |C| < k (the sample missed badly): fall back to the exact top-k of all N entries.
-5. If the sample would be at least N / 4 (small models, very high sparsity), sampling does not
-   pay and the exact top-k is taken directly.
-
-So every partition sends between k and 1.3 k entries every step (exactly k when refined or exact),
-and ``dgc_threshold_*`` counters in ``stats()`` say how often each path ran. On CPU the kernels
-run on NumPy views of the preallocated torch buffers (in-place ``ndarray.partition`` and
-``np.flatnonzero`` are 3-10x faster than ``torch.topk`` / ``torch.nonzero`` on this machine's one
-thread; ``python -m geodml.bench dgc``); other devices use the same algorithm in torch ops.
+**Threshold selection** (Lin et al.'s sampled top-k, geodml.algorithms.topk.TopSelector): the
+threshold is estimated on a 0.1-1% sample of |v| and computed exactly among the candidates when
+far too many pass, so every partition sends between k = ceil((1 - s) * N) and 1.3 k entries every
+step (exactly k when refined or exact); ``dgc_threshold_*`` counters in ``stats()`` say how often
+each path ran.
 
 **Exchange.** Each partition sends its selected v~_k to every other partition over the ZeroMQ
 peer transport (``comm.send_to_all`` / ``comm.recv_from_all``), charged as kind ``gradient`` on
@@ -97,13 +83,18 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from geodml import kernels
 from geodml.algorithms.base import AlgoContext, Algorithm, FlatParams, copy_array_into
+from geodml.algorithms.knob import KnobSpec
+from geodml.algorithms.topk import TopSelector
+
+if TYPE_CHECKING:
+    from geodml.comm.api import Comm
+    from geodml.config import RunConfig
 
 WARMUP_SPARSITIES: tuple[float, ...] = (0.75, 0.9375, 0.984375, 0.99609375)
 """Lin et al.'s exponential warm-up 1 - 4^-i, i = 1..4 (75%, 93.75%, 98.4375%, 99.6%)."""
@@ -122,157 +113,17 @@ def warmup_sparsity(step: int, steps_per_epoch: int, e_warm: float, final: float
     return final
 
 
-def target_count(sparsity: float, numel: int) -> int:
-    """k = ceil((1 - s) * N), at least 1 (the 1e-6 keeps (1-0.999)*1000 from rounding up to 2)."""
-    return max(1, min(numel, math.ceil((1.0 - sparsity) * numel - 1e-6)))
-
-
-class TopSelector:
-    """Selects (a superset of) the k largest-magnitude entries of a flat tensor; preallocated.
-
-    ``select(values, sparsity)`` returns an int64 index tensor of between k = ceil((1-s) N) and
-    ``UPPER * k`` distinct entries that contains the exact top-k of |values| (module docstring,
-    "threshold selection"); it may be a view of an internal buffer, valid until the next call.
-    ``path`` says which branch ran: "dense", "exact", "sampled", "refined" or "fallback".
-    """
-
-    MIN_SAMPLE_TOP = 64
-    """The sample holds at least this many entries above the quantile (relative error ~ 1/8)."""
-    MARGIN_SD = 2.0
-    """Take the threshold this many binomial standard deviations below the sample quantile."""
-    UPPER = 1.3
-    """More candidates than UPPER * k are refined to the exact top-k (Lin et al.'s code uses 1.3)."""
-    EXACT_BELOW = 0.25
-    """Use the exact top-k when the sample would be at least this fraction of N."""
-
-    def __init__(self, numel: int, *, sample_ratio: float, sparsities: tuple[float, ...], generator: torch.Generator,
-                 device: torch.device | str = "cpu", backend: str = "auto") -> None:
-        if backend == "auto":
-            cpu = torch.device(device).type == "cpu"
-            backend = ("fused" if kernels.compiled is not None else "numpy") if cpu else "torch"
-        if backend not in ("fused", "numpy", "torch"):
-            raise ValueError(f"unknown selection backend {backend!r}")
-        if backend == "fused" and kernels.compiled is None:
-            raise ValueError(f"selection backend 'fused' needs geodml._kernels: {kernels.UNAVAILABLE_REASON}")
-        self.numel, self.sample_ratio, self.backend, self.gen = numel, float(sample_ratio), backend, generator
-        self.absv = torch.empty(numel, dtype=torch.float32, device=device)
-        self.mask = torch.empty(numel, dtype=torch.bool, device=device)
-        self.all_idx = torch.arange(numel, dtype=torch.int64, device=device)
-        cap = max([self.sample_size(s) for s in sparsities] + [1])
-        self.sample_idx = torch.empty(cap, dtype=torch.int64, device=device)
-        self.sample_val = torch.empty(cap, dtype=torch.float32, device=device)
-        if backend in ("numpy", "fused"):
-            self._absv_np, self._mask_np = self.absv.numpy(), self.mask.numpy()
-            self._part_np = np.empty(numel, dtype=np.float32)  # scratch of the exact selection
-        if backend == "fused":  # candidates go into a preallocated index buffer (no N-sized temporaries)
-            self.cand = torch.empty(numel, dtype=torch.int64)
-            self._cand_np = self.cand.numpy()
-        self._values_np: np.ndarray | None = None
-        self.path = "none"
-
-    def sample_size(self, sparsity: float) -> int:
-        """Sample size at ``sparsity``; 0 means "take the exact top-k directly"."""
-        n = self.numel
-        if target_count(sparsity, n) >= n:
-            return 0
-        ns = max(math.ceil(self.sample_ratio * n), math.ceil(self.MIN_SAMPLE_TOP / (1.0 - sparsity)))
-        return 0 if ns >= self.EXACT_BELOW * n else ns
-
-    def select(self, values: torch.Tensor, sparsity: float) -> torch.Tensor:
-        n, k = self.numel, target_count(sparsity, self.numel)
-        if k >= n:
-            self.path = "dense"
-            return self.all_idx
-        fused = self.backend == "fused"
-        if fused:  # |v| is formed only where it is read: the sample, the candidates' scan, a refinement
-            self._values_np = values.numpy()
-        else:
-            torch.abs(values, out=self.absv)
-        ns = self.sample_size(sparsity)
-        if ns == 0:
-            self.path = "exact"
-            return self._exact(k)
-        if ns > self.sample_idx.numel():
-            raise ValueError(f"sparsity {sparsity} was not among those this selector was built for")
-        sidx, sval = self.sample_idx[:ns], self.sample_val[:ns]
-        torch.randint(0, n, (ns,), generator=self.gen, out=sidx)
-        if fused:
-            torch.index_select(values, 0, sidx, out=sval).abs_()
-        else:
-            torch.index_select(self.absv, 0, sidx, out=sval)
-        # The sample's r-th largest value estimates the magnitude above which a fraction r/ns of
-        # all entries lie; r/ns sits MARGIN_SD binomial standard deviations above (1-s), so the
-        # candidates include the top-k unless the sample was unlucky.
-        top = ns * (1.0 - sparsity)
-        r = min(ns, max(1, math.ceil(top + self.MARGIN_SD * math.sqrt(top))))
-        cand = self._candidates(sval, ns - r)
-        c = int(cand.numel())
-        if c < k:
-            self.path = "fallback"
-            return self._exact(k)
-        if c > self.UPPER * k:
-            self.path = "refined"
-            return self._refine(cand, k)
-        self.path = "sampled"
-        return cand
-
-    # ---- kernels (NumPy views on CPU, torch elsewhere) -------------------------------------
-    def _candidates(self, sval: torch.Tensor, kth: int) -> torch.Tensor:
-        """Indices j with |v_j| >= the kth-smallest sample value."""
-        if self.backend == "fused":
-            s = sval.numpy()
-            s.partition(kth)
-            c = kernels.compiled.abs_ge_indices(self._values_np, float(s[kth]), self._cand_np)
-            return self.cand[:c]
-        if self.backend == "numpy":
-            s = sval.numpy()
-            s.partition(kth)
-            np.greater_equal(self._absv_np, s[kth], out=self._mask_np)
-            return torch.from_numpy(np.flatnonzero(self._mask_np))
-        thr = torch.kthvalue(sval, kth + 1).values
-        torch.ge(self.absv, thr, out=self.mask)
-        return torch.nonzero(self.mask).view(-1)
-
-    def _exact(self, k: int) -> torch.Tensor:
-        """The exact top-k: the k-th largest |v| by in-place introselect on a preallocated copy
-        (no N-sized allocation, unlike argpartition), then the entries at or above it; ties at
-        the k-th value are cut down to exactly k."""
-        n = self.numel
-        if self.backend == "fused":  # the rare exact path forms |v| in full, then runs the NumPy code
-            np.abs(self._values_np, out=self._absv_np)
-        if self.backend in ("numpy", "fused"):
-            np.copyto(self._part_np, self._absv_np)
-            self._part_np.partition(n - k)
-            np.greater_equal(self._absv_np, self._part_np[n - k], out=self._mask_np)
-            cand = torch.from_numpy(np.flatnonzero(self._mask_np))
-            return cand if cand.numel() == k else self._refine(cand, k)
-        return torch.topk(self.absv, k, sorted=False).indices
-
-    def _refine(self, cand: torch.Tensor, k: int) -> torch.Tensor:
-        if self.backend == "fused":
-            c = cand.numpy()
-            sub = np.abs(np.take(self._values_np, c))  # |v| at the candidates only (= absv there)
-            return torch.from_numpy(c[np.argpartition(sub, len(c) - k)[len(c) - k:]])
-        if self.backend in ("numpy", "fused"):
-            c = cand.numpy()
-            sub = np.take(self._absv_np, c)
-            return torch.from_numpy(c[np.argpartition(sub, len(c) - k)[len(c) - k:]])
-        sub = torch.index_select(self.absv, 0, cand)
-        return cand[torch.topk(sub, k, sorted=False).indices]
-
-
 class DGC(Algorithm):
     """DeepGradientCompression, Quagmire Algorithm 3 (module docstring has the details)."""
 
     name = "dgc"
-    theta_name = "e_warm"
-    theta_grid = (8.0, 4.0, 3.0, 2.0, 1.0)
+    KNOB = KnobSpec("e_warm", (8.0, 4.0, 3.0, 2.0, 1.0))
     """Quagmire Table 8's E_warm grid, most communication (longest warm-up) first."""
     KIND = "gradient"
     DIAG_ELEMENTS = 65536
     """The Appendix G diagnostic costs about a pass over this many entries per step, amortized."""
 
-    def __init__(self, *, flat: FlatParams, comm: Any, momentum: float, ctx: AlgoContext, sparsity: float = 0.999,
+    def __init__(self, *, flat: FlatParams, comm: Comm, momentum: float, ctx: AlgoContext, sparsity: float = 0.999,
                  e_warm: float = 4.0, clip_norm: float | None = None, sample_ratio: float = 0.01,
                  selection_backend: str = "auto") -> None:
         super().__init__(flat=flat, comm=comm, momentum=momentum, ctx=ctx)
@@ -286,8 +137,8 @@ class DGC(Algorithm):
             raise ValueError(f"DGC sends float32 values; the model's parameters are {flat.data.dtype}")
         # hyper-parameters
         self.final_sparsity = float(sparsity)
-        self._e_warm = 0.0
-        self.e_warm = e_warm  # validated by the setter
+        self.e_warm = float(e_warm)
+        self.knob = self.KNOB.bind(get=lambda: self.e_warm, set=self._set_e_warm)
         self.clip_norm = clip_norm
         self.local_clip = None if clip_norm is None else clip_norm / math.sqrt(ctx.world_size)
         self.sample_ratio = float(sample_ratio)
@@ -318,32 +169,18 @@ class DGC(Algorithm):
         self._last_epoch: tuple[float, float] | None = None
 
     @classmethod
-    def from_config(cls, cfg: Any, *, flat: FlatParams, comm: Any, ctx: AlgoContext) -> "DGC":
+    def from_config(cls, cfg: RunConfig, *, flat: FlatParams, comm: Comm, ctx: AlgoContext) -> DGC:
         a = cfg.algo
         return cls(flat=flat, comm=comm, momentum=cfg.optim.momentum, ctx=ctx, sparsity=a.sparsity,
                    e_warm=a.e_warm, clip_norm=a.clip_norm, sample_ratio=a.dgc_sample_ratio)
 
     # ---- SkewScout's knob -----------------------------------------------------------------
-    @property
-    def e_warm(self) -> float:
-        return self._e_warm
-
-    @e_warm.setter
-    def e_warm(self, value: float) -> None:
+    def _set_e_warm(self, value: float) -> None:
+        """The knob's set: E_warm from now on (the stage is re-evaluated from the current step)."""
         ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
         if not ok:
             raise ValueError(f"--e-warm must be >= 0 epochs, got {value!r}")
-        self._e_warm = float(value)
-
-    @property
-    def theta(self) -> float:
-        return self.e_warm
-
-    @theta.setter
-    def theta(self, value: float | None) -> None:
-        if value is None:
-            raise ValueError("dgc's theta (e_warm) cannot be None")
-        self.e_warm = value
+        self.e_warm = float(value)
 
     def sparsity_at(self, step: int) -> float:
         return warmup_sparsity(step, self.ctx.steps_per_epoch, self.e_warm, self.final_sparsity)
@@ -401,6 +238,7 @@ class DGC(Algorithm):
                 if self._dense:
                     w.add_(self.send_val)
                 else:
+                    assert self._sent_idx is not None, "local_update runs after before_step selected"
                     w.index_add_(0, self._sent_idx, self.send_val[:c])
                 continue
             arrays = received[r]
@@ -471,7 +309,7 @@ class DGC(Algorithm):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.u.copy_(state["u"])
         self.v.copy_(state["v"])
-        self.e_warm = state["e_warm"]
+        self.e_warm = float(state["e_warm"])
         self.gen.set_state(state["rng"])
         self.total_sent = int(state["total_sent"])
         self.paths.update(state["paths"])

@@ -42,26 +42,33 @@ local model moved during the round, relative to the averaged global model -- is 
 ratio |dw_i / w_i|, which is unbounded for weights near zero. The norms are summed with the
 uncharged ``meta_all_reduce`` (bookkeeping, not traffic of the emulated system).
 
-Variants compose as cooperative subclasses, one concept each (``FedAvg.from_config`` builds
-the combination): FedAvgM (server momentum), FedProx (proximal term), FedIR (importance
-weights), IWDS (decaying imbalance weights), FedVC (virtual clients). A variant sets its own
-attributes *before* calling ``super().__init__``, because FedAvg's constructor sets up round 0.
+Variants compose as cooperative subclasses, one concept each (geodml.algorithms.federated
+builds the combination ``--algo fedavg`` asks for): FedAvgM (server momentum), FedProx (proximal
+term), FedIR (importance weights), IWDS (decaying imbalance weights), FedVC (virtual clients).
+A variant sets its own attributes *before* calling ``super().__init__``, because FedAvg's
+constructor sets up round 0. FedAvg is its own ``work`` (geodml.algorithms.base.LocalWork): the
+trainer asks it whether this partition computes, which examples and how they weigh.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from geodml.algorithms.base import AlgoContext, Algorithm, FlatParams, copy_array_into
-from geodml.config import AlgoConfig
+from geodml.algorithms.base import AlgoContext, Algorithm, BatchSource, FlatParams, LocalWork, copy_array_into
+from geodml.algorithms.knob import KnobSpec
+
+if TYPE_CHECKING:
+    from geodml.comm.api import Comm
 
 _SELECT_TAG = 0xFEDA
-_ITER_LOCAL_DEFAULT = AlgoConfig.__dataclass_fields__["iter_local"].default
+
+ITER_LOCAL = KnobSpec("iter_local", (5.0, 10.0, 20.0, 50.0, 200.0, 500.0, 1000.0))
+"""SkewScout's knob for FedAvg: Iter_Local, Quagmire Appendix H, Table 7's grid, most communication
+(fewest local steps) first."""
 
 
 def num_participants(client_fraction: float, world_size: int) -> int:
@@ -73,19 +80,13 @@ class FedAvg(Algorithm):
     """FederatedAveraging on node k (see the module docstring for the exact contract)."""
 
     name = "fedavg"
-    theta_name = "iter_local"
-    # Quagmire Appendix H, Table 7: Iter_Local grid, most communication (fewest local steps) first.
-    theta_grid = (5.0, 10.0, 20.0, 50.0, 200.0, 500.0, 1000.0)
     # FedIR self-normalizes its per-sample weights within each minibatch (Hsu et al. 2020, eq. 4).
     self_normalized_weights = False
 
-    def __init__(self, *, flat: FlatParams, comm: Any, momentum: float, ctx: AlgoContext, iter_local: int = 20,
+    def __init__(self, *, flat: FlatParams, comm: Comm, momentum: float, ctx: AlgoContext, iter_local: int = 20,
                  reset_momentum: bool = False, client_fraction: float = 1.0) -> None:
+        """Hyper-parameters as RunConfig validated them (--iter-local >= 1, --client-fraction in (0, 1])."""
         super().__init__(flat=flat, comm=comm, momentum=momentum, ctx=ctx)
-        if int(iter_local) < 1:
-            raise ValueError(f"--iter-local must be >= 1, got {iter_local!r}")
-        if not 0 < client_fraction <= 1:
-            raise ValueError(f"--client-fraction must be in (0, 1], got {client_fraction!r}")
         # hyper-parameters
         self.iter_local = int(iter_local)
         self.reset_momentum = bool(reset_momentum)
@@ -107,42 +108,15 @@ class FedAvg(Algorithm):
         self.round_len = 0
         self.selected: tuple[int, ...] = ()
         self.holders: frozenset[int] = frozenset(range(ctx.world_size))   # ranks holding w_t (all at t=0)
-        self._pending_theta: float | None = None
+        self._pending_knob: float | None = None      # a knob value set mid-round, applied at the next round
         # statistics
         self.syncs = 0
         self.download_count = 0
         self.last_delta = float("nan")
         self._delta_sum = 0.0
         self._delta_n = 0
+        self.knob = self.knob_spec().bind(get=self._get_knob, set=self._set_knob)
         self._begin_round()
-
-    @classmethod
-    def from_config(cls, cfg: Any, *, flat: FlatParams, comm: Any, ctx: AlgoContext) -> "FedAvg":
-        """The combination of variants that ``cfg.algo`` asks for (they compose; see ``variant_class``)."""
-        a = cfg.algo
-        if a.fedir and a.iwds is not None:
-            raise ValueError("--fedir and --iwds both reweight each partition's loss by label (FedIR towards the "
-                             "global label distribution, IWDS towards balanced labels); choose one")
-        if a.server_nesterov and a.server_momentum == 0:
-            warnings.warn("--server-nesterov does nothing with --server-momentum 0", stacklevel=2)
-        kw: dict[str, Any] = dict(flat=flat, comm=comm, momentum=cfg.optim.momentum, ctx=ctx, iter_local=a.iter_local,
-                                  reset_momentum=a.reset_momentum, client_fraction=a.client_fraction)
-        # any server-optimizer setting selects FedAvgM (beta = 0 with server_lr != 1 is server SGD)
-        server = a.server_momentum > 0 or a.server_lr != 1.0 or a.server_nesterov
-        if server:
-            kw.update(server_momentum=a.server_momentum, server_lr=a.server_lr, nesterov=a.server_nesterov)
-        if a.prox_mu > 0:
-            kw.update(prox_mu=a.prox_mu)
-        if a.iwds is not None:
-            kw.update(iwds=tuple(a.iwds))
-        if a.virtual_client_size > 0:
-            kw.update(virtual_client_size=a.virtual_client_size)
-            if a.iter_local != _ITER_LOCAL_DEFAULT:
-                warnings.warn(f"--iter-local {a.iter_local} is ignored with --virtual-client-size: a FedVC round is "
-                              f"ceil({a.virtual_client_size} / batch size) steps", stacklevel=2)
-        klass = variant_class(fedavgm=server, fedprox=a.prox_mu > 0, fedir=a.fedir, iwds=a.iwds is not None,
-                              fedvc=a.virtual_client_size > 0)
-        return klass(**kw)
 
     # ---- round structure (overridden by FedVC) -------------------------------------------
     def round_length(self) -> int:
@@ -166,29 +140,22 @@ class FedAvg(Algorithm):
     def on_round_start(self) -> None:
         """Per-round setup of a variant (IWDS: beta_t). Called on every rank after the download."""
 
-    # ---- hooks -----------------------------------------------------------------------------
+    # ---- what this partition computes (LocalWork) -------------------------------------------
+    @property
+    def work(self) -> LocalWork:
+        return self
+
     @property
     def is_selected(self) -> bool:
         return self.ctx.rank in self.selected
 
     def computes(self, step: int) -> bool:
+        """Only the round's participants compute."""
         return self.is_selected
 
-    def local_update(self, step: int, lr: float) -> None:
-        if self.is_selected:
-            super().local_update(step, lr)
-
-    def after_step(self, step: int, lr: float) -> None:
-        self.steps_in_round += 1
-        if self.steps_in_round == self.round_len:
-            self._synchronize()
-            if step + 1 < self.ctx.total_steps:
-                self._begin_round()
-
-    def finish(self) -> None:
-        """Average a partial last round (training ended before its Iter_Local steps)."""
-        if self.steps_in_round > 0:
-            self._synchronize()
+    def batch_indices(self, step: int, sampler: BatchSource) -> np.ndarray:
+        """The partition's sampler (FedVC overrides: the round's virtual client)."""
+        return sampler.next()
 
     def label_weights(self) -> torch.Tensor | None:
         """Per-class loss weights of this partition ([C]), or None (FedIR, IWDS override)."""
@@ -216,12 +183,29 @@ class FedAvg(Algorithm):
         total = float(w[:r].sum()) if self.self_normalized_weights else float(r)
         return w.mul_(b / total)
 
+    # ---- hooks -----------------------------------------------------------------------------
+    def local_update(self, step: int, lr: float) -> None:
+        if self.is_selected:
+            super().local_update(step, lr)
+
+    def after_step(self, step: int, lr: float) -> None:
+        self.steps_in_round += 1
+        if self.steps_in_round == self.round_len:
+            self._synchronize()
+            if step + 1 < self.ctx.total_steps:
+                self._begin_round()
+
+    def finish(self) -> None:
+        """Average a partial last round (training ended before its Iter_Local steps)."""
+        if self.steps_in_round > 0:
+            self._synchronize()
+
     # ---- the round -------------------------------------------------------------------------
     def _begin_round(self) -> None:
         """Choose round t's participants, bring stale ones up to date, reset momentum if asked."""
-        if self._pending_theta is not None:
-            self.apply_theta(self._pending_theta)
-            self._pending_theta = None
+        if self._pending_knob is not None:
+            self.apply_knob(self._pending_knob)
+            self._pending_knob = None
         self.round_len = self.round_length()
         self.selected = self.select_partitions(self.round)
         self.steps_in_round = 0
@@ -315,27 +299,34 @@ class FedAvg(Algorithm):
         """A rank whose weights are the global model right now (at a round boundary), else None."""
         return min(self.holders) if self.steps_in_round == 0 else None
 
-    @property
-    def theta(self) -> float:
-        """Iter_Local in force for the next round (a pending change included)."""
-        return float(self._pending_theta if self._pending_theta is not None else self.iter_local)
+    # ---- SkewScout's knob: Iter_Local (FedVC: N_VC) ------------------------------------------
+    def knob_spec(self) -> KnobSpec:
+        """The knob's name and grid (FedVC overrides)."""
+        return ITER_LOCAL
 
-    @theta.setter
-    def theta(self, value: float | None) -> None:
-        """New knob value: at once between rounds, else from the next round (every rank sets it at
-        the same step, so every rank switches at the same round)."""
-        if value is None or int(value) != value or value < 1:
-            raise ValueError(f"{self.name}: {self.theta_name} must be an integer >= 1, got {value!r}")
-        if self.steps_in_round == 0:
-            self._pending_theta = None
-            self.apply_theta(float(value))
-            self.round_len = self.round_length()
-        else:
-            self._pending_theta = float(value)
+    def knob_value(self) -> float:
+        """The knob's setting of the current round: Iter_Local (FedVC overrides: N_VC)."""
+        return float(self.iter_local)
 
-    def apply_theta(self, value: float) -> None:
+    def apply_knob(self, value: float) -> None:
         """Set the knob at a round boundary: Iter_Local (FedVC overrides: N_VC)."""
         self.iter_local = int(value)
+
+    def _get_knob(self) -> float:
+        """The knob's get: the setting in force for the next round (a pending change included)."""
+        return float(self._pending_knob) if self._pending_knob is not None else self.knob_value()
+
+    def _set_knob(self, value: float) -> None:
+        """The knob's set: at once between rounds, else from the next round (every rank sets it at
+        the same step, so every rank switches at the same round)."""
+        if value is None or int(value) != value or value < 1:
+            raise ValueError(f"{self.name}: {self.knob_spec().name} must be an integer >= 1, got {value!r}")
+        if self.steps_in_round == 0:
+            self._pending_knob = None
+            self.apply_knob(float(value))
+            self.round_len = self.round_length()
+        else:
+            self._pending_knob = float(value)
 
     def stats(self) -> dict[str, float]:
         """Round counters; after the first average also the last one's Appendix G local update
@@ -353,7 +344,7 @@ class FedAvg(Algorithm):
     def state_dict(self) -> dict[str, Any]:
         return {"u": self.u.clone(), "global_w": self.global_w.clone(), "round": self.round,
                 "steps_in_round": self.steps_in_round, "iter_local": self.iter_local,
-                "holders": sorted(self.holders), "syncs": self.syncs, "pending_theta": self._pending_theta}
+                "holders": sorted(self.holders), "syncs": self.syncs, "pending_theta": self._pending_knob}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.u.copy_(state["u"])
@@ -365,7 +356,7 @@ class FedAvg(Algorithm):
         self.round_len = self.round_length()
         self.selected = self.select_partitions(self.round)
         self.steps_in_round = int(state["steps_in_round"])
-        self._pending_theta = state.get("pending_theta")
+        self._pending_knob = state.get("pending_theta")
         self.on_round_start()
 
 
@@ -388,25 +379,3 @@ def _unpack(buf: torch.Tensor, tensors: list[torch.Tensor]) -> None:
     for t in tensors:
         t.copy_(buf[off:off + t.numel()].view_as(t))
         off += t.numel()
-
-
-def variant_class(*, fedavgm: bool = False, fedprox: bool = False, fedir: bool = False, iwds: bool = False,
-                  fedvc: bool = False) -> type[FedAvg]:
-    """FedAvg with the chosen variants mixed in (cooperative subclasses; each overrides its own
-    hooks and calls ``super()``). FedIR and IWDS both set the per-class loss weights: rejected."""
-    if fedir and iwds:
-        raise ValueError("FedIR and IWDS both set the per-class loss weights; choose one")
-    from geodml.algorithms.fedavgm import FedAvgM
-    from geodml.algorithms.fedir import FedIR
-    from geodml.algorithms.fedprox import FedProx
-    from geodml.algorithms.fedvc import FedVC
-    from geodml.algorithms.iwds import IWDS
-
-    chosen = [c for c, on in ((FedVC, fedvc), (FedIR, fedir), (IWDS, iwds), (FedProx, fedprox), (FedAvgM, fedavgm))
-              if on]
-    if not chosen:
-        return FedAvg
-    if len(chosen) == 1:
-        return chosen[0]
-    name = "+".join(c.name for c in chosen)
-    return type(name.replace("+", "_"), tuple(chosen), {"name": name, "__doc__": f"FedAvg with {name}."})

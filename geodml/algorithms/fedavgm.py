@@ -26,10 +26,7 @@ class FedAvgM(FedAvg):
     name = "fedavgm"
 
     def __init__(self, *, server_momentum: float, server_lr: float = 1.0, nesterov: bool = False, **kw: Any) -> None:
-        if not 0 <= server_momentum < 1:
-            raise ValueError(f"--server-momentum must be in [0, 1), got {server_momentum!r}")
-        if not server_lr > 0:
-            raise ValueError(f"--server-lr must be > 0, got {server_lr!r}")
+        """beta in [0, 1) and server_lr > 0, as RunConfig validated them."""
         self.server_momentum = float(server_momentum)
         self.server_lr = float(server_lr)
         self.nesterov = bool(nesterov)

@@ -18,8 +18,7 @@ class FedProx(FedAvg):
     name = "fedprox"
 
     def __init__(self, *, prox_mu: float, **kw: Any) -> None:
-        if not prox_mu >= 0:
-            raise ValueError(f"--prox-mu must be >= 0, got {prox_mu!r}")
+        """mu >= 0, as RunConfig validated it."""
         self.prox_mu = float(prox_mu)
         self._prox = torch.empty_like(kw["flat"].data)    # scratch for w - w_t, preallocated
         super().__init__(**kw)

@@ -29,7 +29,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from geodml.algorithms.fedavg import FedAvg, num_participants
+from geodml.algorithms.base import BatchSource
+from geodml.algorithms.fedavg import ITER_LOCAL, FedAvg, num_participants
+from geodml.algorithms.knob import KnobSpec
 
 _SELECT_TAG = 0xFEDB
 _DRAW_TAG = 0xFEDC
@@ -63,14 +65,11 @@ def systematic_pps_sample(pi: np.ndarray, rng: np.random.Generator) -> tuple[int
 
 class FedVC(FedAvg):
     name = "fedvc"
-    theta_name = "virtual_client_size"
 
     def __init__(self, *, virtual_client_size: int, **kw: Any) -> None:
-        if int(virtual_client_size) != virtual_client_size or virtual_client_size < 1:
-            raise ValueError(f"--virtual-client-size must be an integer >= 1, got {virtual_client_size!r}")
+        """N_VC >= 1 (RunConfig validated it; the builder picks FedVC only for N_VC > 0)."""
         ctx = kw["ctx"]
         self.batch = ctx.batch_size
-        self.theta_grid = tuple(float(self.batch * g) for g in FedAvg.theta_grid)
         sizes = np.asarray(ctx.label_counts).sum(axis=1)
         m = num_participants(kw.get("client_fraction", 1.0), ctx.world_size)
         self.inclusion = pps_inclusion_probabilities(sizes, m)
@@ -107,7 +106,7 @@ class FedVC(FedAvg):
         self.vc_idx[n_vc:] = self.vc_idx[np.arange(pad) % n_vc]   # zero-weight filler (valid indices)
         self.drawn_last_round = n_vc
 
-    def batch_indices(self, step: int, sampler: Any) -> np.ndarray:
+    def batch_indices(self, step: int, sampler: BatchSource) -> np.ndarray:
         j = self.steps_in_round
         if j == 0:
             self.draw(sampler.indices, self.round)
@@ -116,23 +115,22 @@ class FedVC(FedAvg):
     def valid_in_batch(self) -> int:
         return min(self.batch, self.virtual_client_size - self.steps_in_round * self.batch)
 
-    # ---- knob --------------------------------------------------------------------------------
-    @property
-    def theta(self) -> float:
-        return float(self._pending_theta if self._pending_theta is not None else self.virtual_client_size)
+    # ---- knob: N_VC, over Iter_Local's grid in examples (grid point x batch size) ------------------
+    def knob_spec(self) -> KnobSpec:
+        return KnobSpec("virtual_client_size", tuple(float(self.batch * g) for g in ITER_LOCAL.grid))
 
-    @theta.setter
-    def theta(self, value: float | None) -> None:
-        FedAvg.theta.fset(self, value)
+    def knob_value(self) -> float:
+        return float(self.virtual_client_size)
 
-    def apply_theta(self, value: float) -> None:
+    def apply_knob(self, value: float) -> None:
         self._set_size(int(value))
 
     # ---- checkpoint --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Adds N_VC (SkewScout may have changed it) and the current round's draw (a resume mid-round
         continues the same examples)."""
-        return {**super().state_dict(), "virtual_client_size": self.virtual_client_size, "vc_idx": torch.from_numpy(self.vc_idx.copy()),
+        return {**super().state_dict(), "virtual_client_size": self.virtual_client_size,
+                "vc_idx": torch.from_numpy(self.vc_idx.copy()),
                 "drawn_last_round": self.drawn_last_round, "with_replacement": self.with_replacement}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -22,24 +22,30 @@ Partitions keep different models: the global model is the average of their weigh
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from geodml import kernels
 from geodml.algorithms.base import AlgoContext, Algorithm, FlatParams, copy_array_into
+from geodml.algorithms.knob import KnobSpec
+
+if TYPE_CHECKING:
+    from geodml.comm.api import Comm
+    from geodml.config import RunConfig
 
 
 class Gaia(Algorithm):
     name = "gaia"
-    theta_name = "t0"
-    # SkewScout's grid for Gaia (Quagmire §7 / Appendix H), most communication (smallest T0) first.
-    theta_grid = (0.02, 0.05, 0.10, 0.20, 0.30, 0.40, 0.50)
+    KNOB = KnobSpec("t0", (0.02, 0.05, 0.10, 0.20, 0.30, 0.40, 0.50))
+    """SkewScout's grid for Gaia (Quagmire §7 / Appendix H), most communication (smallest T0) first."""
 
-    def __init__(self, *, flat: FlatParams, comm: Any, momentum: float, ctx: AlgoContext, t0: float, lr0: float) -> None:
+    def __init__(self, *, flat: FlatParams, comm: Comm, momentum: float, ctx: AlgoContext, t0: float,
+                 lr0: float) -> None:
         super().__init__(flat=flat, comm=comm, momentum=momentum, ctx=ctx)
         self.t0 = float(t0)
+        self.knob = self.KNOB.bind(get=lambda: self.t0, set=self._set_t0)
         self.lr0 = float(lr0)
         self.threshold = self.t0
         n = flat.numel
@@ -57,7 +63,7 @@ class Gaia(Algorithm):
         self.recv_idx32 = torch.empty(n, dtype=torch.int32, device=dev)
         # On CPU the selection runs on NumPy views of these buffers: np.flatnonzero is 3-60x
         # faster than torch.nonzero on one thread (60x at 50% significant; docs/performance.md).
-        self._np = None
+        self._np: tuple[np.ndarray, ...] | None = None
         self.fused = kernels.compiled is not None and dev.type == "cpu"
         """Select with the fused C loop (geodml/_kernels.c); False: NumPy (same bits; benchmarks toggle it)."""
         if dev.type == "cpu":
@@ -70,19 +76,15 @@ class Gaia(Algorithm):
         self.steps_done = 0
 
     @classmethod
-    def from_config(cls, cfg: Any, *, flat: FlatParams, comm: Any, ctx: AlgoContext) -> "Gaia":
+    def from_config(cls, cfg: RunConfig, *, flat: FlatParams, comm: Comm, ctx: AlgoContext) -> Gaia:
         if flat.data.dtype != torch.float32:
             raise ValueError("gaia exchanges float32 updates; the model must be float32")
         return cls(flat=flat, comm=comm, momentum=cfg.optim.momentum, ctx=ctx, t0=cfg.algo.t0, lr0=cfg.optim.lr)
 
     # ---- knob ----------------------------------------------------------------------------
-    @property
-    def theta(self) -> float:
-        return self.t0
-
-    @theta.setter
-    def theta(self, value: float) -> None:
-        if not (value >= 0):
+    def _set_t0(self, value: float) -> None:
+        """The knob's set: T0 from the next step's threshold on."""
+        if value is None or not (value >= 0):
             raise ValueError(f"gaia: T0 must be >= 0, got {value!r}")
         self.t0 = float(value)
 
@@ -129,6 +131,7 @@ class Gaia(Algorithm):
     def _select_fused(self, threshold: float) -> tuple[int, bool]:
         """``select`` in one C loop over v and w (geodml/_kernels.c): the NumPy path's float32
         operations and results, bit for bit, without its six passes and its branchy flatnonzero."""
+        assert self._np is not None, "the fused selection runs on CPU buffers only"
         v, w, _, _, _, vals, idx32 = self._np
         n, dense = kernels.compiled.gaia_select(v, w, threshold, vals, idx32)
         if not dense and n:
@@ -139,6 +142,7 @@ class Gaia(Algorithm):
     def _select_numpy(self, threshold: float) -> tuple[int, bool]:
         """``select`` on NumPy views (CPU), block by block: the same float32 operations, so the
         same result. Counting first lets the dense case skip the index list entirely."""
+        assert self._np is not None, "the NumPy selection runs on CPU buffers only"
         v, w, abs_v, bound, mask, vals, idx32 = self._np
         numel, c = self.flat.numel, self.CHUNK
         n = 0

@@ -40,11 +40,8 @@ class IWDS(FedAvg):
     name = "iwds"
 
     def __init__(self, *, iwds: tuple[float, float, float], **kw: Any) -> None:
-        if len(iwds) != 3:
-            raise ValueError(f"--iwds takes three numbers beta0,beta_m,rho, got {iwds!r}")
+        """(beta0, beta_m, rho) with 0 <= beta0, beta_m < 1 and 0 < rho <= 1, as RunConfig validated them."""
         b0, bm, rho = (float(x) for x in iwds)
-        if not (0 <= b0 < 1 and 0 <= bm < 1 and 0 < rho <= 1):
-            raise ValueError(f"--iwds: need 0 <= beta0, beta_m < 1 and 0 < rho <= 1, got {iwds!r}")
         self.beta0, self.beta_m, self.rho = b0, bm, rho
         ctx, flat = kw["ctx"], kw["flat"]
         self.local_counts = np.asarray(ctx.label_counts[ctx.rank], dtype=np.float64)

@@ -6,11 +6,23 @@ per-step overhead benchmark. The global model is the average of the partitions' 
 
 from __future__ import annotations
 
-from geodml.algorithms.base import Algorithm
+from typing import TYPE_CHECKING, ClassVar
+
+from geodml.algorithms.base import AlgoContext, Algorithm, FlatParams
+from geodml.algorithms.knob import KnobSpec
+
+if TYPE_CHECKING:
+    from geodml.comm.api import Comm
+    from geodml.config import RunConfig
 
 
 class Local(Algorithm):
     name = "local"
+    KNOB: ClassVar[KnobSpec | None] = None  # no communication knob
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, *, flat: FlatParams, comm: Comm, ctx: AlgoContext) -> Local:
+        return cls(flat=flat, comm=comm, momentum=cfg.optim.momentum, ctx=ctx)
 
     @property
     def models_agree(self) -> bool:

@@ -4,7 +4,7 @@ Runs ``torchrun -m geodml`` with K ranks (``--wan off``, no evaluation inside th
 timers wrapped around the phases of every step, then prints, per phase, the mean milliseconds
 per step over the ranks (and the slowest rank):
 
-* ``batch``: minibatch gather (``algo.batch_indices`` + index_select), ``fwd+bwd``: forward,
+* ``batch``: minibatch gather (``algo.work.batch_indices`` + index_select), ``fwd+bwd``: forward,
   loss and backward (what remains of ``train_step``);
 * ``before_step`` / ``local_update`` / ``after_step``: the algorithm's hooks, with the
   selection kernel (Gaia / DGC ``select``) and the Comm calls inside them split out: ``send`` (``send_to_all`` / ``send``), ``recv wait``
@@ -58,11 +58,11 @@ def _wrap(cls, name: str, phase: str, unless: str = "") -> None:
 def _worker(out_json: str, geodml_args: list[str]) -> int:
     from geodml import cli, trainer
     from geodml.algorithms import base
-    from geodml.algorithms import REGISTRY, algorithm_class
-    from geodml.comm.collectives import Comm
+    from geodml.algorithms import REGISTRY, algorithm_factory
+    from geodml.comm.charged import ChargedComm  # defines the Comm methods of DistComm and InProcessComm
 
     for name in REGISTRY:
-        algorithm_class(name)  # import every algorithm module so its subclasses are wrapped
+        algorithm_factory(name)  # import every algorithm module so its subclasses are wrapped
 
     for hook in ("before_step", "local_update", "after_step"):
         # wrap every Algorithm subclass's own definition of the hook
@@ -77,9 +77,9 @@ def _worker(out_json: str, geodml_args: list[str]) -> int:
     for m, phase in (("send_to_all", "send"), ("send", "send"), ("recv_from_all", "recv wait"),
                      ("recv", "recv wait"), ("all_reduce", "collective"), ("broadcast", "collective"),
                      ("all_gather", "collective")):
-        _wrap(Comm, m, phase)
-    from geodml.algorithms.dgc import TopSelector
+        _wrap(ChargedComm, m, phase)
     from geodml.algorithms.gaia import Gaia
+    from geodml.algorithms.topk import TopSelector
     if os.environ.get("GEODML_BENCH_GAIA_TORCH_SELECT") == "1":
         # the pre-NumPy selection (torch.nonzero), still what non-CPU devices run: for before/after
         init = Gaia.__init__

@@ -4,7 +4,7 @@ Kernel table (one process, one thread): for each size N and sparsity s, the medi
 
 * ``torch.topk``       -- exact top-k of |v| (the textbook selection);
 * ``np.argpartition``  -- exact top-k by introselect on a NumPy view (DGC's fallback path);
-* ``select``           -- geodml.algorithms.dgc.TopSelector: sampled threshold, refine, fallback;
+* ``select``           -- geodml.algorithms.topk.TopSelector: sampled threshold, refine, fallback;
 * ``dgc step``         -- the whole per-step overhead of DGC on one partition without peers
   (clip off, momentum correction, accumulation, selection, gather, clearing, applying the
   update, the Appendix G diagnostic);
@@ -81,7 +81,7 @@ def kernel_table(sizes: list[int], sparsities: list[float]) -> list[str]:
     import numpy as np
     import torch
 
-    from geodml.algorithms.dgc import TopSelector, target_count
+    from geodml.algorithms.topk import TopSelector, target_count
 
     torch.set_num_threads(1)
     lines = [f"{'N':>11s} {'s':>7s} {'k':>9s} {'torch.topk':>11s} {'argpartition':>13s} {'select':>8s} "

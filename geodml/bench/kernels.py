@@ -8,7 +8,7 @@ Per call, one process, one thread, at N = 1M and 10M float32 elements:
   NumPy passes; before the fused loop) and ``torch path`` (torch.nonzero; what non-CPU devices
   run and what CPU ran before issue 12), for a before/after in one invocation.
   It must read v and w: 8 B per element (the writes of the few significant entries are small).
-* ``dgc select``: :meth:`geodml.algorithms.dgc.TopSelector.select` at sparsity 99.9% (sampled
+* ``dgc select``: :meth:`geodml.algorithms.topk.TopSelector.select` at sparsity 99.9% (sampled
   threshold, candidates |v| >= T), ``fused C`` and ``NumPy`` backends. It must read v: 4 B per
   element.
 * ``memory pass``: ``x.mul_(c)`` over N float32 (reads and writes 8 B per element), the floor:
@@ -64,8 +64,8 @@ def measure(sizes: list[int], repeats: int, stat=statistics.median, device: str 
 
     from geodml import kernels
     from geodml.algorithms.base import AlgoContext, FlatParams
-    from geodml.algorithms.dgc import TopSelector
     from geodml.algorithms.gaia import Gaia
+    from geodml.algorithms.topk import TopSelector
 
     torch.set_num_threads(1)
     dev = torch.device(device)

@@ -132,9 +132,10 @@ def _recv_or_fail(sock: zmq.Socket, *, copy: bool = True):
 def _run(rank: int, store, opts: dict) -> dict:
     import torch
 
-    from geodml.comm.collectives import Comm
-    from geodml.comm.transport import PeerTransport, envelope_nbytes
-    from geodml.comm.wan import topology_from_dict
+    from geodml.comm.dist import DistComm
+    from geodml.comm.topology import topology_from_dict
+    from geodml.comm.transport import PeerTransport
+    from geodml.comm.wire import envelope_nbytes
 
     torch.set_num_threads(1)
     peer = 1 - rank
@@ -159,10 +160,10 @@ def _run(rank: int, store, opts: dict) -> dict:
     paced = None  # built after the throughput and round-trip phases, so that it is idle then
     results: dict = {"messages": opts["messages"], "rounds": opts["rounds"]}
     try:
-        off = Comm(rank=rank, world_size=2, region_of_rank=regions, topology=topo(100.0, 0.0), wan="off",
-                   transport=plain)
-        off_noauth = Comm(rank=rank, world_size=2, region_of_rank=regions, topology=topo(100.0, 0.0), wan="off",
-                          transport=noauth)
+        off = DistComm(rank=rank, world_size=2, region_of_rank=regions, topology=topo(100.0, 0.0), wan="off",
+                       transport=plain)
+        off_noauth = DistComm(rank=rank, world_size=2, region_of_rank=regions, topology=topo(100.0, 0.0),
+                              wan="off", transport=noauth)
         comms = {"geodml": off, "geodml-nowait": off, "geodml-noauth": off_noauth, "geodml-nowait-noauth": off_noauth}
         idx = np.arange(SPARSE_ELEMENTS, dtype=np.int32)
         val = np.random.default_rng(0).random(SPARSE_ELEMENTS, dtype=np.float32)
@@ -263,8 +264,8 @@ def _run(rank: int, store, opts: dict) -> dict:
         buf = np.random.default_rng(1).integers(0, 255, size=1_000_000, dtype=np.uint8)
         pacing = []
         for ri, rate in enumerate(opts["rates_mbps"]):
-            real = Comm(rank=rank, world_size=2, region_of_rank=regions, topology=topo(rate, latency_ms), wan="real",
-                        transport=paced)
+            real = DistComm(rank=rank, world_size=2, region_of_rank=regions, topology=topo(rate, latency_ms),
+                            wan="real", transport=paced)
             link = real.link(0, 1)
             total_bytes = link.bytes_per_s * opts["pacing_seconds"]
             size = int(min(1_000_000, max(1000, total_bytes / 25)))

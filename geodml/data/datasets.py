@@ -61,6 +61,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from geodml.config import DATASETS
+
 __all__ = [
     "DATASET_NAMES",
     "DEFAULT_DATA_DIRS",
@@ -72,7 +74,7 @@ __all__ = [
     "resolve_cache_dir",
 ]
 
-DATASET_NAMES = ("digits", "fashion-mnist", "mnist", "cifar10")
+DATASET_NAMES = DATASETS  # the registry is geodml.config's
 
 # Where the Debian package dataset-fashion-mnist puts its files (checked with `dpkg -L`).
 DEFAULT_DATA_DIRS: dict[str, str] = {"fashion-mnist": "/usr/share/datasets/fashion-mnist"}

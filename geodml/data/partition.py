@@ -75,7 +75,7 @@ from typing import Protocol
 
 import numpy as np
 
-from geodml.config import DataConfig
+from geodml.config import PARTITIONS, DataConfig
 
 __all__ = [
     "DirichletPartitioner",
@@ -279,7 +279,7 @@ def make_partitioner(cfg: DataConfig) -> Partitioner:
         return DirichletPartitioner(alpha=cfg.alpha)
     if cfg.partition == "shards":
         return ShardsPartitioner(shards_per_partition=cfg.shards_per_partition)
-    raise ValueError(f"--partition: unknown partitioner {cfg.partition!r}; choose one of iid, label, dirichlet, shards")
+    raise ValueError(f"--partition: unknown partitioner {cfg.partition!r}; choose one of {', '.join(PARTITIONS)}")
 
 
 def _entropy_bits(counts: np.ndarray) -> float:

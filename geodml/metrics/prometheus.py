@@ -132,9 +132,9 @@ class _Collector:
         put("geodml_validation_accuracy", x.values.get("validation_accuracy"))
         put("geodml_skewscout_accuracy_loss",
             x._read(x.accuracy_loss) if x.accuracy_loss is not None else x.values.get("skewscout_accuracy_loss"))
-        algo = x.algo
-        if algo is not None and getattr(algo, "theta_name", None):
-            put("geodml_skewscout_theta", x._read(lambda: algo.theta), [str(algo.theta_name)])
+        knob = x.algo.knob if x.algo is not None else None
+        if knob is not None:
+            put("geodml_skewscout_theta", x._read(knob.get), [str(knob.name)])
         proc = x._proc
         if proc is not None:
             cpu = x._read(proc.cpu_times)
@@ -200,8 +200,8 @@ class RankExporter(Sink):
     # ---- sources -----------------------------------------------------------------------
     def watch(self, *, state: Any = None, algo: Any = None,
               accuracy_loss: Callable[[], float | None] | None = None) -> None:
-        """Attach the trainer's state (``step``, ``local_train_loss``), the algorithm (``theta``,
-        ``theta_name``) and SkewScout's per-rank accuracy loss (a callable; None = not measured)."""
+        """Attach the trainer's state (``step``, ``local_train_loss``), the algorithm (its
+        ``knob``: name and value) and SkewScout's per-rank accuracy loss (a callable; None = not measured)."""
         if state is not None:
             self.state = state
         if algo is not None:

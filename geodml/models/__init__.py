@@ -18,19 +18,12 @@ import math
 import torch
 from torch import nn
 
+from geodml.config import MODEL_NORMS, NORMS
+from geodml.config import MODELS as MODEL_NAMES  # the registries are geodml.config's (the one validator)
 from geodml.models.lenet import GROUP_SIZE, LeNet
 from geodml.models.resnet import ResNet20
 from geodml.models.simple import MLP, LogisticRegression
 
-MODEL_NAMES = ("lenet", "resnet20", "logreg", "mlp")
-NORMS = ("none", "batch", "group")
-# Which normalizations each model supports; the first entry is its natural default.
-MODEL_NORMS = {
-    "lenet": ("none", "batch", "group"),
-    "resnet20": ("batch", "group"),
-    "logreg": ("none",),
-    "mlp": ("none",),
-}
 
 __all__ = ["GROUP_SIZE", "LeNet", "LogisticRegression", "MLP", "MODEL_NAMES", "MODEL_NORMS", "NORMS",
            "ResNet20", "build_model", "count_parameters"]

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from geodml.config import MODEL_NORMS
+
 # GroupNorm group size G_size of §5.2 ("We carefully select G_size = 2"): channels per group.
 GROUP_SIZE = 2
 
@@ -95,8 +97,8 @@ class LeNet(nn.Module):
     def __init__(self, in_channels: int, height: int, width: int, num_classes: int,
                  norm: str = "none", *, norm_fc1: bool = False) -> None:
         super().__init__()
-        if norm not in ("none", "batch", "group"):
-            raise ValueError(f"lenet: unknown norm {norm!r}; choose one of none, batch, group")
+        if norm not in MODEL_NORMS["lenet"]:
+            raise ValueError(f"lenet: unknown norm {norm!r}; choose one of {', '.join(MODEL_NORMS['lenet'])}")
         if norm_fc1 and norm != "batch":
             raise ValueError(
                 "lenet: norm_fc1 needs norm='batch'; GroupNorm with group size "

@@ -25,6 +25,8 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from geodml.config import MODEL_NORMS
+
 from geodml.models.lenet import make_norm2d
 
 STAGE_CHANNELS = (16, 32, 64)
@@ -71,7 +73,7 @@ class ResNet20(nn.Module):
 
     def __init__(self, in_channels: int, num_classes: int, norm: str = "batch") -> None:
         super().__init__()
-        if norm not in ("batch", "group"):
+        if norm not in MODEL_NORMS["resnet20"]:
             raise ValueError(f"resnet20: norm must be 'batch' or 'group', got {norm!r} "
                              "(ResNet-20 without normalization is not supported)")
         self.conv1 = nn.Conv2d(in_channels, STAGE_CHANNELS[0], 3, stride=1, padding=1, bias=False)

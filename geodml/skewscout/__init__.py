@@ -5,41 +5,45 @@ each multiple of ``travel_every`` it (1) travels models (geodml.skewscout.travel
 sends each partition's accuracy loss and the algorithm bytes it sent during the interval to
 rank 0 (kind ``control``, 8 B each), (3) rank 0's controller (geodml.skewscout.controller)
 picks the next theta from the mean accuracy loss and the total bytes, (4) rank 0 broadcasts
-it (kind ``control``) and every rank applies it through ``algorithm.theta`` at the same step.
+it (kind ``control``) and every rank applies it through ``algorithm.knob`` at the same step.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from geodml.skewscout.controller import Controller, Decision
+from geodml.skewscout.controller import Controller, Decision, inverse_comm_ratio
 from geodml.skewscout.traveling import ModelTraveler
+
+if TYPE_CHECKING:
+    from geodml.algorithms.base import Algorithm
+    from geodml.comm.api import Comm
+    from geodml.config import SkewScoutConfig
 
 # Traffic that is the algorithm's own (what theta controls); travel/control are SkewScout's.
 ALGORITHM_KINDS = ("gradient", "update", "model")
 
 
 class SkewScout:
-    def __init__(self, *, cfg: Any, algo: Any, traveler: ModelTraveler, comm: Any, rank: int, world_size: int,
-                 model_bytes: int, seed: int) -> None:
-        if algo.theta_name is None:
+    def __init__(self, *, cfg: SkewScoutConfig, algo: Algorithm, traveler: ModelTraveler, comm: Comm, rank: int,
+                 world_size: int, model_bytes: int, seed: int) -> None:
+        if algo.knob is None:
             raise ValueError(f"--skewscout needs an algorithm with a communication knob; --algo {algo.name} has none "
                              "(use gaia, fedavg or dgc)")
-        self.cfg, self.algo, self.traveler, self.comm = cfg, algo, traveler, comm
+        self.cfg, self.knob, self.traveler, self.comm = cfg, algo.knob, traveler, comm
         self.rank, self.world_size = rank, world_size
         self.rounds = 0
         self.last_bytes = 0
         # CM: the whole model from every partition to every other one, every step of the interval
         full_exchange = cfg.travel_every * world_size * (world_size - 1) * model_bytes
-        self.controller = Controller(algo.theta_grid, algo.theta, model_exchange_bytes=full_exchange,
+        self.controller = Controller(self.knob.grid, self.knob.get(), model_exchange_bytes=full_exchange,
                                      lambda_al=cfg.lambda_al, lambda_c=cfg.lambda_c, sigma_al=cfg.sigma_al,
-                                     search=cfg.search, comm_ratio=getattr(algo, "comm_ratio", None) or _inverse,
-                                     seed=seed)
+                                     search=cfg.search, comm_ratio=inverse_comm_ratio, seed=seed)
         # start from the grid point nearest to the configured knob
-        self.algo.theta = self.controller.theta
+        self.knob.set(self.controller.theta)
         self.trajectory: list[dict] = [{"step": 0, "theta": self.controller.theta}]
         self.msg = np.zeros(2, dtype=np.float64)
         self.theta_t = torch.zeros(1, dtype=torch.float64)
@@ -65,16 +69,17 @@ class SkewScout:
                 byts.append(int(arr[1]))
             d: Decision = self.controller.decide(float(np.mean(als)), int(sum(byts)))
             self.theta_t[0] = d.theta_after
-            record = {"accuracy_loss": d.accuracy_loss, "accuracy_loss_per_partition": als, "theta_before": d.theta_before,
-                      "theta": d.theta_after, "skewscout_bytes_interval": d.bytes_interval,
+            record = {"accuracy_loss": d.accuracy_loss, "accuracy_loss_per_partition": als,
+                      "theta_before": d.theta_before, "theta": d.theta_after,
+                      "skewscout_bytes_interval": d.bytes_interval,
                       "skewscout_objective": {str(k): v for k, v in d.objective.items()},
                       "skewscout_estimated": d.estimated}
         else:
             self.comm.send(0, "control", [self.msg], step=step)
         self.comm.broadcast(self.theta_t, 0, "control")
         theta = float(self.theta_t[0])
-        if theta != self.algo.theta:
-            self.algo.theta = theta
+        if theta != self.knob.get():
+            self.knob.set(theta)
         self.trajectory.append({"step": step, "theta": theta})
         return record
 
@@ -89,10 +94,6 @@ class SkewScout:
         self.rounds, self.last_bytes = int(s["rounds"]), int(s["last_bytes"])
         self.trajectory = list(s["trajectory"])
         self.controller.load_state_dict(s["controller"])
-
-
-def _inverse(theta_from: float, theta_to: float) -> float:
-    return theta_from / theta_to
 
 
 __all__ = ["SkewScout", "Controller", "ModelTraveler"]

@@ -23,9 +23,9 @@ bytes:
   theta (more communication is assumed to fix the divergence), else AL(current) (less
   communication is assumed to cost nothing): optimism makes the search try a neighbour
   before ruling it out, and the memo corrects it once measured.
-* C_est(theta') = C(current) * comm_ratio(current, theta'), where comm_ratio is the
-  algorithm's own estimate (geodml.algorithms: T0 and Iter_Local scale bytes by
-  theta/theta', i.e. bytes ~ 1/theta).
+* C_est(theta') = C(current) * comm_ratio(current, theta'); SkewScout uses
+  :func:`inverse_comm_ratio` for every knob (bytes ~ 1/theta, i.e. scaled by theta/theta', as
+  for T0 and Iter_Local).
 
 Search strategies (§7.2 names all three; §7.3 found hill climbing best):
 

@@ -16,7 +16,7 @@ running statistics), so both sides measure the same function.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -24,10 +24,14 @@ from torch import nn
 
 from geodml.algorithms.base import FlatParams, copy_array_into
 
+if TYPE_CHECKING:
+    from geodml.comm.api import Comm
+
 
 class ModelTraveler:
-    def __init__(self, *, rank: int, world_size: int, model: nn.Module, flat: FlatParams, comm: Any,
-                 train_x: torch.Tensor, train_y: torch.Tensor, local_indices: np.ndarray, samples: int, seed: int) -> None:
+    def __init__(self, *, rank: int, world_size: int, model: nn.Module, flat: FlatParams, comm: Comm,
+                 train_x: torch.Tensor, train_y: torch.Tensor, local_indices: np.ndarray, samples: int,
+                 seed: int) -> None:
         if world_size < 2:
             raise ValueError("--skewscout needs at least 2 partitions to travel models between")
         self.rank, self.world_size = rank, world_size

@@ -7,7 +7,7 @@ measured execution". This study runs, as torchrun subprocesses (geodml.study.run
 (a) BSP in the IID setting: its final validation accuracy is the accuracy target (Figure 8:
     "all results achieve the same accuracy as BSP in the IID setting");
 (b) BSP in the requested setting: the communication reference (savings = bytes_BSP / bytes);
-(c) the algorithm at every theta of its grid (``theta_grid`` of the algorithm class; ``--grid``
+(c) the algorithm at every theta of its grid (the grid of its ``KNOB``, geodml.algorithms; ``--grid``
     restricts it) in the requested setting;
 (d) with ``--with-skewscout``: the algorithm with ``--skewscout``, started from the middle of
     the algorithm's full grid (SkewScout searches the full grid whatever ``--grid`` says).
@@ -40,10 +40,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from geodml.config import DATASETS, PARTITIONS, DataConfig
-from geodml.study.runner import Launcher, RunResult, RunSpec, check_reusable, read_summary, run_all, torchrun_launcher
+from geodml.config import DATASETS, KNOB_ALGOS, PARTITIONS, DataConfig
+from geodml.study.runner import Launcher, RunResult, RunSpec, read_summary, run_all, torchrun_launcher, validate_spec
 
-KNOB_ALGOS = ("gaia", "fedavg", "dgc")  # the algorithms with a SkewScout knob (geodml.run.check_before_start)
 THETA_FLAGS = {"t0": "--t0", "iter_local": "--iter-local", "e_warm": "--e-warm"}
 ALGO_LABEL = {"gaia": "Gaia", "fedavg": "FedAvg", "dgc": "DGC"}
 # geodml flag dests the study sets itself, so they may not appear after "--"
@@ -232,26 +231,20 @@ def check_extra_flags(extra: tuple[str, ...]) -> None:
 
 def validate_runs(runs: list[Planned]) -> None:
     """Every run's flags through geodml's own validation (what torchrun would reject), and reuse safety."""
-    from geodml.cli import parse_config
-    from geodml.run import check_before_start
-    from geodml.runtime import Env
     for p in runs:
         try:
-            check_reusable(p.spec)
-            if read_summary(p.spec.out) is not None:
-                continue  # reused: nothing will be launched
-            cfg = parse_config([*p.spec.argv, "--out", str(p.spec.out)])
-            check_before_start(cfg, Env(0, p.spec.nproc, 0, p.spec.nproc, True))
+            validate_spec(p.spec)
         except ValueError as exc:
             raise StudyError(f"run {p.spec.run_id}: {exc}") from None
 
 
 def resolve_grid(algo: str, grid: tuple[float, ...] | None) -> tuple[str, tuple[float, ...], tuple[float, ...]]:
     """(theta_name, grid to run in conservative order, the algorithm's full grid)."""
-    from geodml.algorithms import algorithm_class
-    cls = algorithm_class(algo)
-    algo_grid = tuple(float(v) for v in cls.theta_grid)
-    return cls.theta_name, conservative_order(grid or algo_grid, algo_grid), algo_grid
+    from geodml.algorithms import algorithm_factory
+    knob = algorithm_factory(algo).KNOB
+    assert knob is not None, f"{algo} has no knob"  # --algo choices are KNOB_ALGOS
+    algo_grid = tuple(float(v) for v in knob.grid)
+    return knob.name, conservative_order(grid or algo_grid, algo_grid), algo_grid
 
 
 # ---- report -------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ figures; ``accuracy_vs_wan_bytes.png``: the eval curves of every successful run)
   (E_warm=8 paper epochs, scaled to the budget) with LeNet, IID vs 100% non-IID (label skew).
 * ``norm``     -- Figure 5: BN-LeNet vs GN-LeNet (group size 2) under every algorithm, IID vs non-IID.
 * ``skew``     -- Figure 6: GN-LeNet at 20/40/60/80% non-IID (and IID as the reference).
-* ``hparams``  -- Tables 6-8: each algorithm's knob grid (``theta_grid``), IID vs non-IID; the table shows the
+* ``hparams``  -- Tables 6-8: each algorithm's knob grid (``KNOB.grid``), IID vs non-IID; the table shows the
   savings over BSP beside each accuracy, and ``knobs.png`` plots accuracy over each grid.
 * ``skewscout``-- Figure 8: Oracle (geodml.study.oracle) and SkewScout savings over BSP with Gaia
   at each skew level, against the BSP-IID accuracy target.
@@ -46,12 +46,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from geodml.config import DATASETS
-from geodml.study.runner import Launcher, RunResult, RunSpec, check_reusable, read_summary, run_all, torchrun_launcher
+from geodml.study.runner import Launcher, RunResult, RunSpec, read_summary, run_all, torchrun_launcher, validate_spec
 
 PAPER_EPOCHS = 128
 PAPER_LR = 0.002
 SUM_ALGOS = ("gaia", "dgc")  # apply the sum of the partitions' updates
-ALGOS = ("bsp", "gaia", "fedavg", "dgc")
+PAPER_ALGOS = ("bsp", "gaia", "fedavg", "dgc")  # the Quagmire figures' algorithms, a subset of config.ALGOS
 ALGO_LABEL = {"bsp": "BSP", "gaia": "Gaia", "fedavg": "FedAvg", "dgc": "DGC", "fedavgm": "FedAvgM"}
 FIG1_THETA = {"gaia": ("--t0", 0.1), "fedavg": ("--iter-local", 20), "dgc": ("--e-warm", 8.0)}  # Quagmire §4.1
 NORM_LABEL = {"none": "LeNet", "batch": "BN-LeNet", "group": "GN-LeNet"}
@@ -259,13 +259,14 @@ def plan_skew(p: Planner) -> None:
 
 
 def plan_hparams(p: Planner) -> None:
-    from geodml.algorithms import algorithm_class
+    from geodml.algorithms import algorithm_factory
     for partition, value in (("iid", None), ("label", 1.0)):
         p.add("bsp", partition, value)
     for algo in p.args.algos:
         if algo == "bsp":
             continue
-        grid = tuple(float(v) for v in algorithm_class(algo).theta_grid)
+        knob = algorithm_factory(algo).KNOB
+        grid = tuple(float(v) for v in knob.grid) if knob is not None else ()
         if p.budget.name == "quick":
             grid = (grid[0], grid[-1])
         for theta in grid:
@@ -545,9 +546,9 @@ def write_outputs(report: dict, out: Path, *, plots: bool = True) -> tuple[str, 
 
 def _algo_list(text: str) -> tuple[str, ...]:
     algos = tuple(a for a in text.replace(" ", "").split(",") if a)
-    bad = [a for a in algos if a not in ALGOS]
+    bad = [a for a in algos if a not in PAPER_ALGOS]
     if not algos or bad:
-        raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {','.join(ALGOS)}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {','.join(PAPER_ALGOS)}, got {text!r}")
     return algos
 
 
@@ -560,7 +561,7 @@ def build_parser(name: str) -> argparse.ArgumentParser:
                    help="quick: --steps per run (checks the machinery); full: the paper's schedule, shortened by --epochs")
     p.add_argument("--dataset", choices=DATASETS, default=None, help="default: digits for quick, fashion-mnist for full")
     p.add_argument("--nproc", type=int, default=5, help="partitions K (torchrun --nproc_per_node)")
-    p.add_argument("--algos", type=_algo_list, default=ALGOS, help="subset of bsp,gaia,fedavg,dgc (bsp is always run)")
+    p.add_argument("--algos", type=_algo_list, default=PAPER_ALGOS, help="subset of bsp,gaia,fedavg,dgc (bsp is always run)")
     p.add_argument("--epochs", type=float, help=f"full budget: epochs per run (default {PAPER_EPOCHS}, the paper's)")
     p.add_argument("--steps", type=int, help="quick budget: steps per run (default 10)")
     p.add_argument("--lr", type=float, help=f"BSP learning rate (default: quick 0.02, full {PAPER_LR})")
@@ -614,16 +615,9 @@ def check_extra_flags(extra: tuple[str, ...]) -> None:
 
 def validate_specs(specs: list[RunSpec]) -> None:
     """Every run's flags through geodml's own validation, and reuse safety, before anything launches."""
-    from geodml.cli import parse_config
-    from geodml.run import check_before_start
-    from geodml.runtime import Env
     for spec in specs:
         try:
-            check_reusable(spec)
-            if read_summary(spec.out) is not None:
-                continue
-            cfg = parse_config([*spec.argv, "--out", str(spec.out)])
-            check_before_start(cfg, Env(0, spec.nproc, 0, spec.nproc, True))
+            validate_spec(spec)
         except ValueError as exc:
             raise StudyError(f"run {spec.run_id}: {exc}") from None
 

@@ -37,9 +37,11 @@ from typing import IO, Callable
 
 import psutil
 
+from geodml import rundir
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LAUNCH_FILE = "launch.json"
-SUMMARY_FILE = "summary.json"
+SUMMARY_FILE = rundir.SUMMARY
 STDOUT_FILE = "stdout.txt"
 STDERR_FILE = "stderr.txt"
 
@@ -100,12 +102,23 @@ def torchrun_launcher(spec: RunSpec, stdout: IO[bytes], stderr: IO[bytes]) -> su
 
 # ---- run directories ----------------------------------------------------------------------
 
-def read_summary(out: Path) -> dict | None:
-    """The run's summary.json, or None when absent or unreadable (a run killed mid-write)."""
-    try:
-        return json.loads((Path(out) / SUMMARY_FILE).read_text())
-    except (OSError, ValueError):
-        return None
+read_summary = rundir.read_summary  # the run's summary.json, or None (absent, or a run killed mid-write)
+
+
+def validate_spec(spec: RunSpec) -> None:
+    """A run's flags through geodml's own preflight (what torchrun would reject; flags only, no data
+    decoded), and reuse safety; ``ValueError`` naming the problem. A finished run is reused, so its
+    flags are not checked again; an interrupted run of ours is cleared before it runs again, so its
+    directory is not checked as an ``--out`` (the preflight would refuse its leftovers)."""
+    from geodml.cli import parse_config
+    from geodml.run import preflight
+    from geodml.runtime import Env
+    check_reusable(spec)
+    if read_summary(spec.out) is not None:
+        return
+    interrupted = (Path(spec.out) / LAUNCH_FILE).exists()
+    cfg = parse_config([*spec.argv, *([] if interrupted else ["--out", str(spec.out)])])
+    preflight(cfg, Env(0, spec.nproc, 0, spec.nproc, True), data=False)
 
 
 def launch_record(spec: RunSpec) -> dict:

@@ -1,0 +1,47 @@
+"""An algorithm's communication knob: the one hyper-parameter SkewScout turns (Quagmire §7).
+
+Gaia's significance threshold T0, FedAvg's Iter_Local (FedVC: examples per virtual client),
+DGC's warm-up epochs E_warm. A knob has a name (the flag's, ``t0``), a grid of values ordered from
+most to least communication (the controller walks it, Quagmire Appendix H, Tables 6-8), and
+get/set on the live algorithm.
+
+Two objects, because the grid is needed before anything is built: :class:`KnobSpec` is what an
+algorithm class declares (``Algorithm.KNOB``; the studies plan one run per grid point from it),
+:class:`Knob` is that spec bound to one algorithm instance (``Algorithm.knob``; SkewScout reads
+and sets it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class KnobSpec:
+    """A knob's name and grid, as an algorithm class declares them."""
+
+    name: str
+    """The knob's name: the RunConfig field it starts from (``t0``, ``iter_local``, ``e_warm``)."""
+    grid: tuple[float, ...]
+    """The values SkewScout may choose, ordered from MOST to LEAST communication (index 0 sends most)."""
+
+    def bind(self, *, get: Callable[[], float], set: Callable[[float], None]) -> Knob:
+        """This spec on one algorithm instance."""
+        return Knob(name=self.name, grid=self.grid, get=get, set=set)
+
+
+@dataclass(frozen=True)
+class Knob(KnobSpec):
+    """The knob of one algorithm instance.
+
+    ``get()`` returns the value in force (a change that waits for a round boundary included), as a
+    float. ``set(value)`` takes any real number the knob can hold -- not only grid points, and NumPy
+    numbers too -- and raises ``ValueError`` naming the knob for one it cannot take (negative, NaN,
+    None, not an integer where it counts steps or examples); the algorithm is unchanged then. When a
+    new value takes effect is the algorithm's business (FedAvg: at the next round); every rank sets
+    it at the same step, so every rank switches at the same point.
+    """
+
+    get: Callable[[], float]
+    set: Callable[[float], None]

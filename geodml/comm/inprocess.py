@@ -1,0 +1,338 @@
+"""InProcessComm: several partitions of one run in one process, one thread each (DESIGN.md
+"Comm"; contract: geodml.comm.api).
+
+An :class:`InProcessGroup` of K ranks holds what they share: a rendezvous for collectives and
+one mailbox per rank for point-to-point messages; :meth:`InProcessGroup.comm` is rank r's
+:class:`InProcessComm`, used from that rank's thread. What each call charges and how it moves
+the emulated clock is geodml.comm.charged, exactly as for DistComm: messages are described in
+the wire format (geodml.comm.wire), so the same envelope + tensor bytes, messages and emulated
+seconds are charged, although no byte crosses a socket.
+
+* Collectives (charged and ``meta_*``): every rank deposits its tensor; the last to arrive
+  combines them under the group's lock (a sum in rank order: bit-identical on every rank) into a
+  buffer of the group that every rank copies out. Every rank must call the same collectives in
+  the same order; a rank that calls another one breaks the group (``CommError`` on every rank),
+  as a mismatched collective breaks a process group.
+* Messages: ``send`` copies the arrays once (so the caller may overwrite its tensors when it
+  returns, and ``wait=False`` has nothing to wait for) into read-only arrays shared by every
+  destination, and puts one message per destination in its mailbox; under ``--wan real`` a
+  pacer thread (geodml.comm.pacing) puts it there at its release time. Nothing is charged for
+  the copy: it is the emulator's, not the emulated system's.
+* Waits: every wait is a condition wait with a deadline (the group's ``timeout_s`` or the
+  call's), never a poll. A wait that passes it raises ``CommTimeoutError`` naming the ranks it
+  waited for; a timed-out collective breaks the group. :meth:`InProcessGroup.abort` wakes every
+  wait with ``CommError`` (a harness calls it when one rank's thread fails, so that the others
+  do not sit out the timeout).
+"""
+
+from __future__ import annotations
+
+import functools
+import pickle
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+import torch
+
+from geodml.comm.api import CommError, CommTimeoutError
+from geodml.comm.charged import ChargedComm
+from geodml.comm.pacing import Pacer, Target
+from geodml.comm.topology import Topology, load_topology
+from geodml.comm.wire import DEFAULT_MAX_MESSAGE_BYTES, Incoming, Outgoing, describe
+
+if TYPE_CHECKING:
+    from geodml.config import CommConfig
+
+_T = TypeVar("_T")
+
+
+class InProcessGroup:
+    """K ranks of one run in this process: :meth:`comm` gives each its :class:`InProcessComm`.
+
+    ``topology`` (a :class:`Topology`, a name or path for :func:`load_topology`, or None for the
+    default topology) places the ranks; ``wan``, ``wan_scale``, ``timeout_s`` and
+    ``max_message_bytes`` mean what they mean for :func:`geodml.comm.build_comm`.
+    """
+
+    def __init__(self, world_size: int, *, topology: Topology | str | None = None, wan: str = "off",
+                 wan_scale: float = 1.0, timeout_s: float = 60.0,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world size must be a positive integer, got {world_size!r}")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
+        topo = topology if isinstance(topology, Topology) else load_topology(topology)
+        self.world_size = world_size
+        self.region_of_rank = topo.placement(world_size)
+        self.timeout_s = float(timeout_s)
+        self._cond = threading.Condition()  # the rendezvous of collectives
+        self._generation = 0  # collectives completed so far
+        self._tags: list[Hashable | None] = [None] * world_size  # what each arrived rank called
+        self._values: list[Any] = [None] * world_size
+        self._arrived = 0
+        self._result: Any = None
+        self._scratch: dict[tuple, torch.Tensor] = {}  # combined tensors, reused per (shape, dtype, device)
+        self._error: CommError | None = None  # set once: the group is broken
+        self._mailboxes = [_Mailbox() for _ in range(world_size)]
+        self._comms = [InProcessComm(self, r, topology=topo, wan=wan, wan_scale=wan_scale,
+                                     max_message_bytes=max_message_bytes) for r in range(world_size)]
+
+    @classmethod
+    def from_config(cls, cfg: CommConfig, world_size: int) -> InProcessGroup:
+        """The group :func:`geodml.comm.build_comm` would build for ``cfg`` (sockets aside)."""
+        return cls(world_size, topology=cfg.topology, wan=cfg.wan, wan_scale=cfg.wan_scale, timeout_s=cfg.timeout_s,
+                   max_message_bytes=int(cfg.max_message_mb * 1024 * 1024))
+
+    def comm(self, rank: int) -> InProcessComm:
+        """Rank ``rank``'s Comm (always the same object)."""
+        return self._comms[rank]
+
+    @property
+    def comms(self) -> list[InProcessComm]:
+        return list(self._comms)
+
+    def abort(self, reason: object = "aborted") -> None:
+        """Break the group: every current and future wait raises ``CommError`` naming ``reason``."""
+        self._fail(CommError(f"the in-process group was aborted: {reason}"))
+
+    def close(self) -> None:
+        """Close every rank's Comm (idempotent)."""
+        for c in self._comms:
+            c.close()
+
+    # ---- collectives ---------------------------------------------------------------------------
+    def _exchange(self, rank: int, tag: Hashable, value: Any, combine: Callable[[list[Any]], Any]) -> Any:
+        """Deposit ``value`` and wait for every rank; the last to arrive computes
+        ``combine(values in rank order)`` under the lock, and every rank gets that result (valid
+        until this rank enters its next collective)."""
+        with self._cond:
+            self._check_error()
+            gen = self._generation
+            self._tags[rank], self._values[rank] = tag, value
+            self._arrived += 1
+            if self._arrived == self.world_size:
+                try:
+                    if any(t != tag for t in self._tags):
+                        raise CommError("ranks called different collectives: " +
+                                        ", ".join(f"rank {r}: {t}" for r, t in enumerate(self._tags)))
+                    self._result = combine(self._values)
+                except BaseException as e:
+                    err = e if isinstance(e, CommError) else CommError(f"collective {tag} failed: {e!r}")
+                    self._fail_locked(err)
+                    raise err from (None if err is e else e)
+                finally:
+                    self._tags = [None] * self.world_size
+                    self._values = [None] * self.world_size
+                    self._arrived = 0
+                self._generation += 1
+                self._cond.notify_all()
+                return self._result
+            deadline = time.monotonic() + self.timeout_s
+            while self._generation == gen:
+                self._check_error()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = [r for r in range(self.world_size) if self._tags[r] is None]
+                    err = CommTimeoutError(
+                        f"rank {rank}: collective {tag} not joined within {self.timeout_s:g} s by "
+                        f"{', '.join(self._describe(r) for r in missing)}: silent, crashed, or calling something else")
+                    self._fail_locked(err)
+                    raise err
+                self._cond.wait(left)
+            return self._result
+
+    def _sum(self, values: list[torch.Tensor]) -> torch.Tensor:
+        """The sum of ``values`` in rank order, in the group's buffer."""
+        buf = self._buffer(values[0])
+        buf.copy_(values[0])
+        for v in values[1:]:
+            buf.add_(v)
+        return buf
+
+    def _pick(self, values: list[torch.Tensor], src: int) -> torch.Tensor:
+        """A copy of ``values[src]`` in the group's buffer."""
+        buf = self._buffer(values[src])
+        buf.copy_(values[src])
+        return buf
+
+    def _buffer(self, like: torch.Tensor) -> torch.Tensor:
+        key = (tuple(like.shape), like.dtype, like.device)
+        buf = self._scratch.get(key)
+        if buf is None:
+            buf = self._scratch[key] = torch.empty(like.shape, dtype=like.dtype, device=like.device)
+        return buf
+
+    # ---- messages ------------------------------------------------------------------------------
+    def _deliver(self, dst: int, msg: Incoming) -> None:
+        box = self._mailboxes[dst]
+        with box.cond:
+            box.queues.setdefault((msg.src, msg.kind, msg.step), deque()).append(msg)
+            box.cond.notify_all()
+
+    def _take(self, rank: int, srcs: list[int], kind: str, step: int, timeout_s: float) -> dict[int, Incoming]:
+        """One (kind, step) message from each of ``srcs``, taken together once all are there (so a
+        timeout loses nothing)."""
+        box = self._mailboxes[rank]
+        deadline = time.monotonic() + timeout_s
+        with box.cond:
+            while True:
+                queues = [box.queues.get((s, kind, step)) for s in srcs]
+                if all(queues):
+                    got = {}
+                    for s, q in zip(srcs, queues):
+                        assert q
+                        got[s] = q.popleft()
+                        if not q:
+                            del box.queues[(s, kind, step)]
+                    return got
+                self._check_error()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = [s for s, q in zip(srcs, queues) if not q]
+                    raise CommTimeoutError(self._timeout_message(rank, box, missing, kind, step, timeout_s))
+                box.cond.wait(left)
+
+    def _timeout_message(self, rank: int, box: _Mailbox, missing: list[int], kind: str, step: int,
+                         timeout_s: float) -> str:
+        parts = []
+        for s in missing:
+            queued = sorted((k, st) for (src, k, st), q in box.queues.items() if src == s and q)
+            have = (f"; queued from it: {', '.join(f'{k}@{st}' for k, st in queued[:8])}"
+                    f"{' ...' if len(queued) > 8 else ''}") if queued else "; nothing else queued from it"
+            parts.append(f"{self._describe(s)}{have}")
+        return (f"rank {rank}: no {kind!r} message for step {step} within {timeout_s:g} s from "
+                f"{'; '.join(parts)}. That peer is silent, crashed, or sends a different kind/step.")
+
+    # ---- failure -------------------------------------------------------------------------------
+    def _describe(self, rank: int) -> str:
+        return f"rank {rank} (region {self.region_of_rank[rank]}, in-process)"
+
+    def _check_error(self) -> None:
+        if self._error is not None:
+            raise CommError(str(self._error)) from self._error
+
+    def _fail(self, err: CommError) -> None:
+        with self._cond:
+            self._fail_locked(err)
+
+    def _fail_locked(self, err: CommError) -> None:
+        if self._error is None:
+            self._error = err
+        self._cond.notify_all()
+        for box in self._mailboxes:
+            with box.cond:
+                box.cond.notify_all()
+
+
+class _Mailbox:
+    """One rank's received messages per (src, kind, step), oldest first; only its rank waits on it."""
+
+    __slots__ = ("cond", "queues")
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.queues: dict[tuple[int, str, int], deque[Incoming]] = {}
+
+
+class InProcessComm(ChargedComm):
+    """Rank ``rank`` of an :class:`InProcessGroup` (module docstring): a
+    :class:`geodml.comm.api.RunComm` that charges exactly what :class:`geodml.comm.dist.DistComm`
+    charges. Build the group, not this. Used from one thread (or, for point-to-point only, from
+    one thread that drives every rank in turn: sends never wait for the receiver)."""
+
+    def __init__(self, group: InProcessGroup, rank: int, *, topology: Topology, wan: str, wan_scale: float,
+                 max_message_bytes: int) -> None:
+        super().__init__(rank=rank, world_size=group.world_size, region_of_rank=group.region_of_rank,
+                         topology=topology, wan=wan, wan_scale=wan_scale, timeout_s=group.timeout_s)
+        self._group = group
+        self.max_message_bytes = max_message_bytes
+        self._pacer: Pacer | None = Pacer(name=f"geodml-inprocess-pacer-{rank}") if wan == "real" else None
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Nothing to wait for: :meth:`send` copies the arrays before it returns."""
+
+    def wire_rejected(self) -> dict[str, int]:
+        """Always empty: nothing crosses a wire."""
+        return {}
+
+    def meta_all_gather_object(self, obj: _T) -> list[_T]:
+        """A copy of every rank's object (pickled, as torch.distributed does), in rank order."""
+        if self.world_size == 1:
+            return [obj]
+        blobs = self._group._exchange(self.rank, "meta_all_gather_object", pickle.dumps(obj), list)
+        return [pickle.loads(b) for b in blobs]
+
+    def close(self) -> None:
+        """Stop the pacer thread (``--wan real``) after releasing what it holds (bounded); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._pacer is not None:
+            self._pacer.flush(min(self.timeout_s, 60.0))
+            self._pacer.close()
+
+    # ---- data movement -------------------------------------------------------------------------
+    def _reduce(self, tensor: torch.Tensor) -> None:
+        g = self._group
+        tensor.copy_(g._exchange(self.rank, ("sum", tuple(tensor.shape), tensor.dtype), tensor, g._sum))
+
+    def _bcast(self, tensor: torch.Tensor, src: int) -> None:
+        g = self._group
+        out = g._exchange(self.rank, ("broadcast", src, tuple(tensor.shape), tensor.dtype), tensor,
+                          functools.partial(g._pick, src=src))
+        if self.rank != src:
+            tensor.copy_(out)
+
+    def _gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        shared = self._group._exchange(self.rank, ("all_gather", tuple(tensor.shape), tensor.dtype), tensor,
+                                       lambda values: [v.clone() for v in values])
+        out = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        for o, s in zip(out, shared):
+            o.copy_(s)
+        return out
+
+    def _max_over_ranks(self, value: float) -> float:
+        return float(self._group._exchange(self.rank, "clock_max", value, max))
+
+    def _describe(self, kind: str, step: int, arrays: list[np.ndarray]) -> Outgoing:
+        self._check_open()
+        out = describe(kind, step, self.rank, arrays, max_message_bytes=self.max_message_bytes)
+        owned = []
+        for a in out.payloads:  # the sender may overwrite its arrays once send returns
+            c = a.copy()
+            c.flags.writeable = False  # shared by every destination
+            owned.append(c)
+        out.payloads = owned
+        return out
+
+    def _hand_over(self, out: Outgoing, targets: list[Target], wait: bool) -> None:
+        g = self._group
+        for dst, arrival_s, release_at in targets:
+            msg = Incoming(self.rank, out.kind, out.step, arrival_s, list(out.payloads), out.nbytes)
+            if release_at is None:
+                g._deliver(dst, msg)
+            else:
+                assert self._pacer is not None, "a release time only under --wan real"
+                self._pacer.submit(release_at, functools.partial(g._deliver, dst, msg))
+
+    def _take(self, src: int, kind: str, step: int, timeout_s: float | None) -> Incoming:
+        self._check_open()
+        return self._group._take(self.rank, [src], kind, step, self._timeout(timeout_s))[src]
+
+    def _take_from(self, srcs: list[int], kind: str, step: int, timeout_s: float | None) -> dict[int, Incoming]:
+        self._check_open()
+        return self._group._take(self.rank, srcs, kind, step, self._timeout(timeout_s))
+
+    # ---- internals -----------------------------------------------------------------------------
+    def _timeout(self, timeout_s: float | None) -> float:
+        return self.timeout_s if timeout_s is None else float(timeout_s)
+
+    def _check_open(self) -> None:
+        self._check_closed()
+        if self._pacer is not None and self._pacer.error is not None:
+            err = self._pacer.error
+            raise CommError(f"rank {self.rank}: a paced delivery failed: {err}") from err

@@ -1,0 +1,229 @@
+"""The builder of a run's parts (DESIGN.md "How a run flows", steps 1-4): the Comm, the metric
+sinks and exporter, the data and its partitions, the model, the algorithm, SkewScout, the
+checkpointer and the trainer, wired together and registered for teardown.
+
+``geodml.run`` is the composition root that calls :func:`build_parts` once per run; this module
+holds the wiring so that ``run()`` stays a short list of phases. Every part that must be closed
+is pushed onto the caller's ``ExitStack`` as soon as it exists, so a failure half-way through
+the build closes exactly what was opened, in reverse order.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from geodml import __version__, rundir
+from geodml.config import RunConfig
+from geodml.runtime import Env
+
+if TYPE_CHECKING:
+    from geodml.algorithms import Algorithm, FlatParams
+    from geodml.comm.api import RunComm
+    from geodml.comm.topology import Topology
+    from geodml.data.datasets import Dataset
+    from geodml.metrics.prometheus import RankExporter
+    from geodml.metrics.sinks import Sink
+    from geodml.skewscout import SkewScout
+    from geodml.trainer import Trainer
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What the preflight resolved once, before any process group, for the run to use as is."""
+
+    backend: str
+    """torch.distributed backend (``geodml.runtime.resolve_backend``)."""
+    topology: Topology
+    """The loaded topology (unscaled; the Comm applies ``--wan-scale``)."""
+    region_of_rank: list[str]
+    """The placement of the ranks' partitions into regions."""
+    dataset: Dataset | None
+    """The decoded dataset (None only from a flag-only preflight: ``preflight(..., data=False)``)."""
+    partitions: list[np.ndarray]
+    """Every partition's training-set indices, computed from the seed (identical on every rank)."""
+    data_s: float = 0.0
+    """Seconds the preflight spent decoding and partitioning (reported as the start-up's ``data_s``)."""
+
+
+class Startup:
+    """Per-rank start-up breakdown in seconds: process start -> run() (interpreter, imports, flag
+    parsing: ``imports_s``), process group + run directory, ZeroMQ mesh, data (load + partition),
+    model/algorithm/trainer set-up; plus this process's peak RSS when the report is written."""
+
+    def __init__(self) -> None:
+        import psutil
+        self.laps: dict[str, float] = {"imports_s": max(0.0, time.time() - psutil.Process().create_time())}
+        self._t = time.monotonic()
+
+    def lap(self, name: str) -> None:
+        now = time.monotonic()
+        self.laps[name] = now - self._t
+        self._t = now
+
+    def moved_to_preflight(self, name: str, seconds: float) -> None:
+        """A phase the preflight ran before ``run()``: count it as ``name``, not as ``imports_s``."""
+        self.laps[name] = seconds
+        self.laps["imports_s"] = max(0.0, self.laps["imports_s"] - seconds)
+
+    def done(self) -> None:
+        self.laps["total_s"] = sum(v for k, v in self.laps.items() if k != "total_s")
+
+    def report(self, **extra: object) -> dict:
+        import resource
+        peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+        return {**extra, **{k: round(v, 4) for k, v in self.laps.items()}, "peak_rss_bytes": int(peak_kib) * 1024}
+
+
+@dataclass
+class Parts:
+    """Everything a run trains with; built by :func:`build_parts`."""
+
+    out: Path
+    comm: RunComm
+    sink: Sink
+    model: torch.nn.Module
+    flat: FlatParams
+    algo: Algorithm
+    trainer: Trainer
+    skewscout: SkewScout | None
+    steps_per_epoch: int
+    total_steps: int
+
+
+def _linger_then_stop(exporter: RankExporter, cfg: RunConfig, is0: bool):
+    """Exit callback: keep the exporters up ``--metrics-linger`` seconds after a successful run."""
+    def exit_(exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> bool:
+        if exc_type is None and cfg.metrics_linger_s > 0:
+            if is0:
+                print(f"metrics: exporters stay up {cfg.metrics_linger_s:g} s (--metrics-linger) for the last scrape",
+                      flush=True)
+            time.sleep(cfg.metrics_linger_s)
+        exporter.stop()
+        return False
+    return exit_
+
+
+def _start_exporter(cfg: RunConfig, env: Env, comm: RunComm, out: Path, device: torch.device,
+                    stack: ExitStack) -> RankExporter | None:
+    """Every rank's Prometheus exporter (``--metrics-port``); rank 0 writes the file_sd targets."""
+    if not cfg.metrics_port:
+        return None
+    from geodml.metrics.prometheus import file_sd_groups, start_rank_exporter
+    exporter, targets = start_rank_exporter(comm, rank=env.rank, local_rank=env.local_rank, base_port=cfg.metrics_port,
+                                            host=cfg.metrics_host, run=out.name, algo=cfg.algo.algo, device=device)
+    stack.push(_linger_then_stop(exporter, cfg, env.rank == 0))
+    if env.rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        rundir.write_json(out / rundir.PROMETHEUS_TARGETS,
+                          file_sd_groups(targets, comm.region_of_rank, run=out.name, algo=cfg.algo.algo))
+        print(f"metrics: Prometheus exporters at {', '.join(targets)} (file_sd: {out / rundir.PROMETHEUS_TARGETS})",
+              flush=True)
+        if env.local_world_size < env.world_size and cfg.metrics_host.startswith(("127.", "localhost", "::1")):
+            print(f"metrics: warning: the job spans nodes but --metrics-host {cfg.metrics_host} is loopback: a "
+                  f"Prometheus server reaches only its own node's exporters; use --metrics-host 0.0.0.0",
+                  file=sys.stderr, flush=True)
+    return exporter
+
+
+def _rank0_sinks(cfg: RunConfig, out: Path, total_steps: int) -> Sink:
+    from geodml.metrics.sinks import ConsoleProgress, JsonlSink, MultiSink, Sink
+    sinks: list[Sink] = [JsonlSink(out / rundir.METRICS)]
+    if cfg.progress:
+        sinks.append(ConsoleProgress(total_steps))
+    return MultiSink(sinks)
+
+
+def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: torch.device, stack: ExitStack,
+                startup: Startup) -> Parts:
+    """Build every part of this rank's run (collective: every rank calls it in the same order)."""
+    from geodml.algorithms import AlgoContext, FlatParams, build_algorithm
+    from geodml.checkpoint import Checkpointer, find_resume_step, fingerprint, resume_requested, truncate_metrics
+    from geodml.comm import build_comm
+    from geodml.data.partition import format_partition_table, partition_report
+    from geodml.metrics.sinks import MultiSink, Sink
+    from geodml.models import build_model, count_parameters
+    from geodml.peerwatch import fault_hook_from_env
+    from geodml.runtime import collective_device
+    from geodml.trainer import Schedule, TrainData, Trainer, steps_per_epoch
+
+    rank, world, is0 = env.rank, env.world_size, env.rank == 0
+    comm = build_comm(cfg.comm, rank=rank, world_size=world, device=collective_device(pre.backend),
+                      topology=pre.topology)
+    stack.callback(comm.close)
+    startup.lap("zmq_mesh_s")
+    exporter = _start_exporter(cfg, env, comm, out, device, stack)
+
+    # Data: decoded and partitioned by the preflight (every rank computed ALL partitions from the seed).
+    ds, parts = pre.dataset, pre.partitions
+    assert ds is not None, "build_parts needs a preflight that loaded the data"
+    labels = ds.train_y.numpy()
+    report = partition_report(labels, parts, ds.num_classes)
+    startup.moved_to_preflight("data_s", pre.data_s)
+
+    model = build_model(cfg.model.model, cfg.model.norm, ds.input_shape, ds.num_classes,
+                        generator_seed=cfg.seed).to(device)
+    flat = FlatParams(model)
+    spe = steps_per_epoch(len(labels), world, cfg.optim.batch_size)
+    total_steps = cfg.optim.steps or max(1, round(cfg.optim.epochs * spe))
+    ctx = AlgoContext(rank=rank, world_size=world, seed=cfg.seed, steps_per_epoch=spe, total_steps=total_steps,
+                      batch_size=cfg.optim.batch_size, label_counts=np.asarray(report["label_counts"], dtype=np.int64))
+    algo = build_algorithm(cfg, flat=flat, comm=comm, ctx=ctx)
+    fp = fingerprint(cfg, world)
+    resume_step = find_resume_step(out, world, fp) if resume_requested(cfg) else None
+    if len(set(comm.meta_all_gather_object(resume_step))) != 1:
+        raise RuntimeError("ranks disagree on the checkpoint step to resume from (is --out on a shared file system?)")
+    if is0 and resume_requested(cfg):  # the lines after the checkpoint are written again
+        truncate_metrics(out / rundir.METRICS, resume_step or 0)
+
+    sink: Sink = Sink()
+    if is0:
+        rundir.rank_dir(out, rank).mkdir(parents=True, exist_ok=True)
+        config_doc = {"version": __version__, "world_size": world, "backend": pre.backend, "device": str(device),
+                      "config": cfg.to_dict(), "region_of_rank": comm.region_of_rank,
+                      "parameters": count_parameters(model), "steps_per_epoch": spe, "total_steps": total_steps,
+                      "topology": comm.topology.to_dict()}
+        rundir.write_header(out, config_doc=config_doc, partitions=report)
+        print(f"geodml {__version__}: {cfg.algo.algo} on {cfg.data.dataset}, K={world} partitions "
+              f"({cfg.data.partition}), {cfg.model.model}/{cfg.model.norm} with {count_parameters(model):,} "
+              f"parameters, {total_steps} steps ({spe}/epoch), backend {pre.backend} on {device}, wan {cfg.comm.wan}")
+        print(format_partition_table(report), flush=True)
+        sink = _rank0_sinks(cfg, out, total_steps)
+    stack.callback(sink.close)
+    rundir.rank_dir(out, rank).mkdir(parents=True, exist_ok=True)
+
+    data = TrainData(train_x=ds.train_x.to(device), train_y=ds.train_y.to(device), test_x=ds.test_x.to(device),
+                     test_y=ds.test_y.to(device), local_indices=parts[rank])
+    skewscout = None
+    if cfg.skewscout.enabled:
+        from geodml.skewscout import ModelTraveler, SkewScout
+        traveler = ModelTraveler(rank=rank, world_size=world, model=model, flat=flat, comm=comm,
+                                 train_x=data.train_x, train_y=data.train_y, local_indices=parts[rank],
+                                 samples=cfg.skewscout.travel_samples, seed=cfg.seed)
+        skewscout = SkewScout(cfg=cfg.skewscout, algo=algo, traveler=traveler, comm=comm, rank=rank, world_size=world,
+                              model_bytes=flat.numel * flat.data.element_size(), seed=cfg.seed)
+    if exporter is not None:
+        sink = MultiSink([sink, exporter])  # every rank: the exporter keeps the last validation accuracy
+    checkpointer = Checkpointer(out, rank=rank, world_size=world, every_steps=cfg.reliability.checkpoint_every, fp=fp)
+    step_hooks = [h for h in (checkpointer, fault_hook_from_env(rank)) if h is not None]
+    schedule = Schedule(optim=cfg.optim, total_steps=total_steps, steps_per_epoch=spe, eval_every=cfg.eval_every,
+                        log_every=cfg.log_every, seed=cfg.seed)
+    trainer = Trainer(model=model, flat=flat, algo=algo, comm=comm, data=data, schedule=schedule, sink=sink,
+                      skewscout=skewscout, step_hooks=step_hooks)
+    if resume_step is not None:
+        checkpointer.restore(trainer, resume_step)
+        if is0:
+            print(f"resumed from step {resume_step} (checkpoints in {out}/rank<k>/)", flush=True)
+    if exporter is not None:  # read at scrape time, nothing per step
+        exporter.watch(state=trainer.state, algo=algo, accuracy_loss=None if skewscout is None else
+                       (lambda: float(skewscout.msg[0]) if skewscout.rounds else None))
+    return Parts(out=out, comm=comm, sink=sink, model=model, flat=flat, algo=algo, trainer=trainer,
+                 skewscout=skewscout, steps_per_epoch=spe, total_steps=total_steps)

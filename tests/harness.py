@@ -1,0 +1,136 @@
+"""Shared test harness (not a test module).
+
+* :func:`run_threads`: K partitions as K threads of this process, each with its InProcessComm
+  (geodml.comm.inprocess): the real Comm contract and the real charges (envelope + tensor bytes
+  for messages, the cost models for collectives), without sockets or OS processes. Every rank
+  sums the same contributions in rank order, so results are bit-identical across ranks, as with
+  gloo's ring.
+* :func:`scripted_exchange` on :data:`TWO_REGIONS`: the exchange whose charges and clocks are
+  worked out by hand, run by DistComm (tests/test_comm_wan.py) and InProcessComm
+  (tests/test_comm_inprocess.py).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from geodml.comm import InProcessComm, InProcessGroup
+
+T = TypeVar("T")
+
+
+def run_threads(k: int, fn: Callable[[int, InProcessComm], T], *, join_timeout_s: float = 120.0,
+                **group_kw: Any) -> list[T]:
+    """``fn(rank, comm)`` on K threads of one :class:`InProcessGroup` (``group_kw``: its options,
+    default ``--wan off`` on the default topology); returns the results in rank order.
+
+    A rank that raises aborts the group, so the others stop waiting at once; its exception is
+    re-raised here. A thread still running after ``join_timeout_s`` fails the call.
+    """
+    group = InProcessGroup(k, **group_kw)
+    results: list[Any] = [None] * k
+    errors: list[BaseException] = []
+
+    def target(rank: int) -> None:
+        try:
+            results[rank] = fn(rank, group.comm(rank))
+        except BaseException as e:  # noqa: BLE001 -- re-raised in the caller
+            errors.append(e)
+            group.abort(f"rank {rank} failed: {e!r}")
+
+    threads = [threading.Thread(target=target, args=(r,), name=f"geodml-test-rank{r}") for r in range(k)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(join_timeout_s)
+    group.close()
+    assert not any(t.is_alive() for t in threads), "a rank thread hung"
+    if errors:
+        raise errors[0]
+    return results
+
+
+def kind_bytes(comm: InProcessComm, kind: str) -> int:
+    """Bytes ``comm``'s rank has been charged for traffic of ``kind`` (WAN and LAN)."""
+    return sum(r["bytes"] for r in comm.ledger.rows() if r["kind"] == kind)
+
+
+def record_calls(comm: InProcessComm) -> list[tuple]:
+    """From now on, log ``comm``'s charged calls: ``("all_reduce", kind, numel)``,
+    ``("all_gather", kind, numel)``, ``("send", kind, dst, step)``; returns the (growing) log."""
+    calls: list[tuple] = []
+    all_reduce, all_gather, send = comm.all_reduce, comm.all_gather, comm.send
+
+    def logged_all_reduce(tensor, kind, **kw):
+        calls.append(("all_reduce", kind, tensor.numel()))
+        return all_reduce(tensor, kind, **kw)
+
+    def logged_all_gather(tensor, kind):
+        calls.append(("all_gather", kind, tensor.numel()))
+        return all_gather(tensor, kind)
+
+    def logged_send(dst, kind, tensors, **kw):
+        calls.append(("send", kind, dst, kw.get("step")))
+        return send(dst, kind, tensors, **kw)
+
+    comm.all_reduce, comm.all_gather, comm.send = logged_all_reduce, logged_all_gather, logged_send  # type: ignore
+    return calls
+
+
+# ---- a scripted exchange that both Comms run against numbers worked out by hand ----------------
+# (tests/test_comm_wan.py: DistComm in real processes; tests/test_comm_inprocess.py: InProcessComm)
+# Ranks 0 and 2 in region a, rank 1 in region b; a->b 8 Mbit/s = 1e6 B/s, 10 ms;
+# b->a 16 Mbit/s = 2e6 B/s, 20 ms; LAN 800 Mbit/s = 1e8 B/s, 1 ms.
+
+TWO_REGIONS = """
+    source = "illustrative (test)"
+    regions = ["a", "b"]
+    placement = ["a", "b", "a"]
+    [lan]
+    bandwidth_mbps = 800
+    latency_ms = 1
+    [[links]]
+    from = "a"
+    to = "b"
+    bandwidth_mbps = 8
+    latency_ms = 10
+    [[links]]
+    from = "b"
+    to = "a"
+    bandwidth_mbps = 16
+    latency_ms = 20
+"""
+
+
+def scripted_exchange(comm: Any, rank: int) -> list[float]:
+    """The scripted exchange of three ranks on :data:`TWO_REGIONS` (every Comm call an algorithm
+    may make, charged); returns this rank's clock after each phase."""
+    import numpy as np
+    import torch
+
+    clocks = []
+    comm.advance_compute([0.5, 0.2, 0.1][rank])
+    if rank == 0:  # two messages on the same link at once: they share it (FIFO)
+        comm.send(1, "update", [np.zeros(10_000, np.uint8)], step=0)
+        comm.send(1, "update", [np.ones(20_000, np.uint8)], step=0)
+        assert comm.recv(2, "control", step=0)[0].tolist() == [1]
+    if rank == 1:
+        first, second = comm.recv(0, "update", step=0), comm.recv(0, "update", step=0)
+        assert first[0].size == 10_000 and second[0].size == 20_000 and second[0].all()
+    if rank == 2:
+        comm.send(0, "control", [np.array([1], np.int64)], step=0)
+    clocks.append(comm.emulated_s)
+    t = torch.arange(30, dtype=torch.float32) + rank
+    comm.all_reduce(t, "gradient")
+    assert torch.equal(t, 3 * torch.arange(30, dtype=torch.float32) + 3)
+    clocks.append(comm.emulated_s)
+    m = torch.full((250,), float(rank))
+    comm.broadcast(m, 1, "model")
+    assert bool((m == 1).all())
+    clocks.append(comm.emulated_s)
+    g = comm.all_gather(torch.tensor([rank, 2 * rank], dtype=torch.float32), "travel")
+    assert [x.tolist() for x in g] == [[0, 0], [1, 2], [2, 4]]
+    clocks.append(comm.emulated_s)
+    return clocks
