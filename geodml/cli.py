@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Callable, NoReturn
-
 import tomllib
+from typing import Any, Callable, NoReturn
 
 from geodml import __version__
 from geodml.config import OPTIONS, SECTIONS, Option, RunConfig, parse_floats
@@ -142,8 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     finished), 2 bad input (one ``geodml: error:`` line from rank 0, every rank exits 2), 3 a rank
     missing at start-up or lost later (geodml.peerwatch.PEER_LOST_EXIT)."""
     from geodml.peerwatch import PEER_LOST_EXIT
-    from geodml.rundir import RunFinished
     from geodml.run import InputError, preflight, run
+    from geodml.rundir import RunFinished
     from geodml.runtime import Env, StartupError
     try:
         env = Env.from_environ()

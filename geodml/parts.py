@@ -135,7 +135,7 @@ def _start_exporter(cfg: RunConfig, env: Env, comm: RunComm, out: Path, device: 
 
 
 def _rank0_sinks(cfg: RunConfig, out: Path, total_steps: int) -> Sink:
-    from geodml.metrics.sinks import ConsoleProgress, JsonlSink, MultiSink, Sink
+    from geodml.metrics.sinks import ConsoleProgress, JsonlSink, MultiSink
     sinks: list[Sink] = [JsonlSink(out / rundir.METRICS)]
     if cfg.progress:
         sinks.append(ConsoleProgress(total_steps))
@@ -190,7 +190,7 @@ def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: 
         config_doc = {"version": __version__, "world_size": world, "backend": pre.backend, "device": str(device),
                       "config": cfg.to_dict(), "region_of_rank": comm.region_of_rank,
                       "parameters": count_parameters(model), "steps_per_epoch": spe, "total_steps": total_steps,
-                      "topology": comm.topology.to_dict()}
+                      "topology": comm.topology.to_dict() if comm.topology is not None else None}
         rundir.write_header(out, config_doc=config_doc, partitions=report)
         print(f"geodml {__version__}: {cfg.algo.algo} on {cfg.data.dataset}, K={world} partitions "
               f"({cfg.data.partition}), {cfg.model.model}/{cfg.model.norm} with {count_parameters(model):,} "

@@ -135,28 +135,41 @@ def _final_note(run: Run) -> str:
     return f": acc {s['final_val_accuracy']:.3f}, WAN {human_bytes(s.get('wan_bytes_total', 0))}"
 
 
+LEGEND_INSIDE = 4  # more runs than this: the legend goes below the plot, where it hides no curve
+
+
 def plot_accuracy(runs: list[Run], xkey: str, path: Path | IO[bytes], *, xlabel: str, title: str, log_x: bool, plt) -> None:
-    fig, ax = plt.subplots(figsize=(8, 5))
+    below = len(runs) > LEGEND_INSIDE
+    fig, ax = plt.subplots(figsize=(8, 5 + (0.19 * len(runs) if below else 0)))
     any_points = False
     positive = True
+    smallest = math.inf  # the smallest positive x: below it, a symlog axis is linear (a 0 at the start stays close)
     for run in runs:
         xs, ys = _curve(run, xkey)
         if not xs:
             continue
         any_points = True
         positive &= all(x > 0 for x in xs)
+        smallest = min([smallest, *(x for x in xs if x > 0)])
         line, = ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.6, label=run.label + _final_note(run))
         ax.plot(xs[-1:], ys[-1:], marker="*", markersize=12, color=line.get_color())
     if log_x and any_points:
-        ax.set_xscale("log" if positive else "symlog")
+        if positive:
+            ax.set_xscale("log")
+        else:
+            ax.set_xscale("symlog", linthresh=smallest if math.isfinite(smallest) else 1.0)
     if xkey == "wan_bytes_total":
         from matplotlib.ticker import FuncFormatter
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: human_bytes(v) if v > 0 else "0"))
+        if log_x and any_points and positive:  # a range of about a decade has labelled minor ticks only
+            ax.xaxis.set_minor_formatter(_bytes_log_formatter(minor=True))
     ax.set_xlabel(xlabel)
     ax.set_ylabel("validation accuracy (global model)")
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    if any_points:
+    if any_points and below:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0.0, -0.14), borderaxespad=0.0, frameon=False)
+    elif any_points:
         ax.legend(fontsize=8, loc="lower right")
     else:
         ax.text(0.5, 0.5, "no evaluation lines in metrics.jsonl", ha="center", va="center", transform=ax.transAxes)
@@ -635,53 +648,66 @@ def _study_section(study: Study, plt) -> str:
     return "\n".join(parts) + "</section>"
 
 
+def _section(sid: str, title: str, body: str) -> str:
+    return f'<section id="{_esc(sid)}"><h2>{_esc(title)}</h2>{body}</section>'
+
+
+def _target_section(runs: list[Run], target: float) -> str:
+    note = ('<p class="note">The first evaluation at or above the target (default: 95% of the best accuracy among '
+            "these runs).</p>")
+    table = _table(["run", "accuracy", "step", "WAN bytes", "emulated s", "wall s"], to_target_rows(runs, target), cls="target")
+    return _section("to-target", f"Bytes and time to accuracy {target:.2f}", note + table)
+
+
+def _accuracy_section(runs: list[Run], plt) -> str:
+    by_bytes = _fig_uri(lambda f: plot_accuracy(
+        runs, "wan_bytes_total", f, xlabel="WAN bytes sent (all ranks, between regions)",
+        title="Bytes per accuracy: validation accuracy vs WAN bytes", log_x=True, plt=plt))
+    by_time = _fig_uri(lambda f: plot_accuracy(
+        runs, "emulated_s", f, xlabel="emulated time [s] (slowest rank)",
+        title="Time to accuracy: validation accuracy vs emulated time", log_x=False, plt=plt))
+    figs = (_figure("accuracy_vs_wan_bytes", by_bytes, "Validation accuracy of the global model against the WAN bytes "
+                    "spent so far (log x); a star marks the last point.")
+            + _figure("accuracy_vs_emulated_time", by_time, "The same accuracy against emulated seconds (compute "
+                      "measured, communication from the WAN model)."))
+    return _section("accuracy", "Bytes per accuracy and time to accuracy", f'<div class="pair">{figs}</div>')
+
+
+def _links_section(runs: list[Run], plt) -> str:
+    finished = [r for r in runs if r.summary is not None]
+    shown = finished[:MAX_LINK_MAPS]
+    headers, rows = link_table(runs)
+    caption = "Region x region bytes sent (row: source, column: destination; the diagonal is LAN)"
+    if len(finished) > len(shown):
+        caption += f"; the first {len(shown)} finished runs, {len(finished) - len(shown)} more in the table"
+    body = (_table(headers, rows, cls="links") if rows else "") + _figure(
+        "bytes_by_link", _fig_uri(lambda f: plot_links(shown, f, plt=plt)), caption)
+    return _section("links", "Bytes per link", body)
+
+
+def _labels_section(runs: list[Run], plt) -> str:
+    fig = _figure("label_distribution", _fig_uri(lambda f: plot_labels(runs, f, plt=plt)),
+                  "Training examples per label in each partition (stacked), per distinct partitioning")
+    return _section("labels", "Label distribution per partition", fig)
+
+
 def render_html(runs: list[Run], studies: list[Study], *, target: float | None, title: str, plt) -> str:
     """The whole page (a string): studies first, then the runs' tables and plots."""
     from geodml import __version__
     target = default_target(runs) if target is None else target
-    shown = [r for r in runs if r.summary is not None][:MAX_LINK_MAPS]
-    sections = [_study_section(s, plt) for s in studies]
-    sections.append('<section id="runs"><h2>Runs</h2>' + _table(SUMMARY_HEADERS, summary_rows(runs), cls="summary")
-                    + "</section>")
+    sections = [(f"study-{s.name}", f"study {s.name}", _study_section(s, plt)) for s in studies]
+    sections.append(("runs", "runs", _section("runs", "Runs", _table(SUMMARY_HEADERS, summary_rows(runs), cls="summary"))))
     if target is not None:
-        sections.append(f'<section id="to-target"><h2>Bytes and time to accuracy {target:.2f}</h2>'
-                        '<p class="note">The first evaluation at or above the target (default: 95% of the best '
-                        "accuracy among these runs).</p>"
-                        + _table(["run", "accuracy", "step", "WAN bytes", "emulated s", "wall s"], to_target_rows(runs, target),
-                                 cls="target") + "</section>")
-    sections.append(
-        '<section id="accuracy"><h2>Bytes per accuracy and time to accuracy</h2><div class="pair">'
-        + _figure("accuracy_vs_wan_bytes", _fig_uri(lambda f: plot_accuracy(
-            runs, "wan_bytes_total", f, xlabel="WAN bytes sent (all ranks, between regions)",
-            title="Bytes per accuracy: validation accuracy vs WAN bytes", log_x=True, plt=plt)),
-            "Validation accuracy of the global model against the WAN bytes spent so far (log x); a star marks the last point.")
-        + _figure("accuracy_vs_emulated_time", _fig_uri(lambda f: plot_accuracy(
-            runs, "emulated_s", f, xlabel="emulated time [s] (slowest rank)",
-            title="Time to accuracy: validation accuracy vs emulated time", log_x=False, plt=plt)),
-            "The same accuracy against emulated seconds (compute measured, communication from the WAN model).")
-        + "</div></section>")
-    headers, rows = link_table(runs)
-    more = len([r for r in runs if r.summary is not None]) - len(shown)
-    sections.append(
-        '<section id="links"><h2>Bytes per link</h2>' + (_table(headers, rows, cls="links") if rows else "")
-        + _figure("bytes_by_link", _fig_uri(lambda f: plot_links(shown, f, plt=plt)),
-                  "Region x region bytes sent (row: source, column: destination; the diagonal is LAN)"
-                  + (f"; the first {len(shown)} finished runs, {more} more in the table" if more > 0 else ""))
-        + "</section>")
-    sections.append('<section id="labels"><h2>Label distribution per partition</h2>'
-                    + _figure("label_distribution", _fig_uri(lambda f: plot_labels(runs, f, plt=plt)),
-                              "Training examples per label in each partition (stacked), per distinct partitioning")
-                    + "</section>")
-    nav = "".join(f'<a href="#{i}">{_esc(t)}</a>' for i, t in
-                  [(f"study-{s.name}", f"study {s.name}") for s in studies]
-                  + [("runs", "runs"), ("to-target", "to target"), ("accuracy", "accuracy"), ("links", "links"),
-                     ("labels", "labels")])
+        sections.append(("to-target", "to target", _target_section(runs, target)))
+    sections += [("accuracy", "accuracy", _accuracy_section(runs, plt)), ("links", "links", _links_section(runs, plt)),
+                 ("labels", "labels", _labels_section(runs, plt))]
+    nav = "".join(f'<a href="#{_esc(sid)}">{_esc(name)}</a>' for sid, name, _ in sections)
     when = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    meta = (f"geodml {__version__}, {when}: {len(runs)} runs{f', {len(studies)} studies' if studies else ''}. "
+            "Self-contained: the plots are inline.")
     return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>{_esc(title)}</title>'
-            f"<style>{CSS}</style></head><body><h1>{_esc(title)}</h1>"
-            f'<p class="meta">geodml {_esc(__version__)}, {_esc(when)}: {len(runs)} runs'
-            f"{f', {len(studies)} studies' if studies else ''}. Self-contained: the plots are inline.</p>"
-            f"<nav>{nav}</nav>\n" + "\n".join(sections) + "\n</body></html>\n")
+            f'<style>{CSS}</style></head><body><h1>{_esc(title)}</h1><p class="meta">{_esc(meta)}</p>'
+            f"<nav>{nav}</nav>\n" + "\n".join(body for _, _, body in sections) + "\n</body></html>\n")
 
 
 def write_html(paths: list[str | Path], out: str | Path, *, target: float | None = None) -> Path:

@@ -155,7 +155,7 @@ def _join(store: dist.Store, ns: str, env: Env, timeout_s: float, *, hosted: boo
     """Count in and wait for everyone. The first rank whose deadline passes writes the verdict for all
     (which ranks are missing) and speaks; the others read it, acknowledge and stay silent; the
     store's host waits for their acknowledgements before it leaves (its store goes with it)."""
-    store.set(f"{ns}/{env.rank}", b"1")
+    store.set(f"{ns}/{env.rank}", "1")
     store.add(f"{ns}/count", 1)
     deadline = time.monotonic() + timeout_s
     while store.add(f"{ns}/count", 0) < env.world_size:
@@ -169,7 +169,7 @@ def _join(store: dist.Store, ns: str, env: Env, timeout_s: float, *, hosted: boo
             verdict = (f"start-up: {len(joined)} of {env.world_size} ranks joined within {timeout_s:g} s "
                        f"(--comm-timeout); missing: rank{'s' if len(missing) > 1 else ''} {shown} (died or never "
                        "started; see that rank's output)")
-            store.set(f"{ns}/verdict", verdict.encode())
+            store.set(f"{ns}/verdict", verdict)
             first = store.add(f"{ns}/gave_up", 1) == 1
             if hosted:  # let the others read the verdict before the store goes
                 until = time.monotonic() + 5.0

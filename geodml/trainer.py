@@ -270,8 +270,8 @@ class Trainer:
             "epoch": s.step / self.spe,
             "emulated_s": emu,
             "wall_s": time.monotonic() - self.wall_t0,
-            "train_loss": float(local[0] / max(local[1], 1)),
-            "train_accuracy": float(local[2] / max(local[3], 1)),
+            "train_loss": float(local[0]) / max(float(local[1]), 1.0),
+            "train_accuracy": float(local[2]) / max(float(local[3]), 1.0),
             "lr": lr,
             "wan_bytes_total": int(local[4]),
         }

@@ -25,4 +25,11 @@ if [ -n "$missing$browser" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/n
     || echo "test: could not install$missing $browser; the tests that need them will skip and say why" >&2
 fi
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+# Lint and types first (the whole run only; with pytest arguments, just the tests): ruff on
+# geodml/ and tests/, mypy on the typed seams ([tool.ruff] and [tool.mypy] in pyproject.toml).
+if [ $# -eq 0 ]; then
+  echo "test: ruff check geodml tests; mypy (pyproject.toml [tool.mypy] files)" >&2
+  .venv/bin/python -m ruff check -q geodml tests
+  .venv/bin/python -m mypy
+fi
 exec .venv/bin/python -m pytest -q "$@"

@@ -21,11 +21,17 @@ class _UnitTestPopen(_RealPopen):  # type: ignore[type-arg,misc]
                              "(or pytestmark = pytest.mark.integration for the module); tests/conftest.py")
 
 
-@pytest.fixture(autouse=True)
-def _unit_tests_start_no_process(request, monkeypatch):
-    if request.node.get_closest_marker("integration") is None:
-        monkeypatch.setattr(subprocess, "Popen", _UnitTestPopen)
-    yield
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Before any fixture of the test is set up (module-scoped ones included): an unmarked test may
+    not start a process."""
+    if item.get_closest_marker("integration") is None:
+        subprocess.Popen = _UnitTestPopen
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    subprocess.Popen = _RealPopen
 
 
 @pytest.fixture(autouse=True)

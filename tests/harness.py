@@ -134,3 +134,30 @@ def scripted_exchange(comm: Any, rank: int) -> list[float]:
     assert [x.tolist() for x in g] == [[0, 0], [1, 2], [2, 4]]
     clocks.append(comm.emulated_s)
     return clocks
+
+
+def transport_group(monkeypatch: Any, kw: list[dict[str, Any]]) -> list[Any]:
+    """One ZeroMQ PeerTransport per entry of ``kw`` in this process, built concurrently (threads),
+    sharing a HashStore and one wire secret (as build_comm shares it over the process group)."""
+    import itertools
+    import secrets
+
+    import torch.distributed as dist
+
+    import geodml.comm.transport as T
+
+    monkeypatch.setattr(T, "_namespace_counter", itertools.repeat(0))
+    store = dist.HashStore()
+    secret = secrets.token_bytes(32)
+    n = len(kw)
+    out: list[Any] = [None] * n
+
+    def build(r: int) -> None:
+        args = {"secret": secret, **kw[r]}
+        out[r] = T.PeerTransport(rank=r, world_size=n, store=store, timeout_s=10, region_of_rank=["x", "y", "z"][:n],
+                                 **args)
+
+    threads = [threading.Thread(target=build, args=(r,)) for r in range(n)]
+    [t.start() for t in threads]
+    [t.join(timeout=30) for t in threads]
+    return out

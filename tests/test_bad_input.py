@@ -33,7 +33,8 @@ def _topo(tmp, text):
     return ["--topology", str(f)]
 
 
-TOPO_OK = 'name = "t"\nsource = "illustrative"\nregions = ["a"]\nplacement = "cyclic"\n[lan]\nbandwidth_mbps = 10\nlatency_ms = 1\n'
+TOPO_OK = ('name = "t"\nsource = "illustrative"\nregions = ["a"]\nplacement = "cyclic"\n'
+           '[lan]\nbandwidth_mbps = 10\nlatency_ms = 1\n')
 
 
 def _idx_dir(tmp, *, bad_magic=False):
@@ -116,8 +117,15 @@ def _cifar(tmp, spoil):
 _HELD: list[socket.socket] = []
 
 
+@pytest.fixture(autouse=True)
+def _release_held_ports():
+    yield
+    while _HELD:
+        _HELD.pop().close()
+
+
 def _port_taken(tmp):
-    """A port another program listens on (held until the test session ends)."""
+    """A port another program listens on (held until the test ends)."""
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     s.listen()
@@ -338,5 +346,7 @@ def test_torchrun_decode_port_and_size_errors_exit_2_on_every_rank(case, tmp_pat
     assert r.returncode != 0
     assert text.count("geodml: error:") == 1 and needle in text, text[-3000:]
     assert text.count("exitcode  : 2") == nproc or ("exitcode  : 2" in text and "exitcode  : 1" not in text), text[-3000:]
-    assert "Traceback (most recent call last)" not in text
+    # no rank's traceback (torchrun's agent prints its own ChildFailedError report after the ranks' lines)
+    assert "Traceback (most recent call last)" not in text.split("geodml: error")[0]
+    assert text.count("Traceback (most recent call last)") <= 1
     assert _snapshot(out) == before

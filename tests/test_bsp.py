@@ -102,7 +102,8 @@ def test_bsp_ledger_matches_ring_model(tmp_path):
     # the "vs BSP" figure every other algorithm's summary carries is this ledger total
     assert s["bsp_equivalent_wan_bytes"] == s["wan_bytes_total"] and s["wan_savings_vs_bsp"] == 1.0
     # default topology: one region per rank; ring successor links only
-    assert set(s["wan_bytes_by_link"]) == {f"{a}->{b}" for a, b in zip(_regions(out, k), _regions(out, k)[1:] + _regions(out, k)[:1])}
+    regions = _regions(out, k)
+    assert set(s["wan_bytes_by_link"]) == {f"{a}->{b}" for a, b in zip(regions, regions[1:] + regions[:1])}
 
 
 def _regions(out, k):

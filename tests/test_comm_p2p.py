@@ -10,6 +10,7 @@
 
 import pytest
 
+from tests.harness import transport_group
 from tests.mp import run_workers
 
 KIND_LIST = ("update", "model", "control", "travel")
@@ -127,6 +128,7 @@ def silent_peer_run():
     return run_workers("tests.test_comm_p2p:_silent_peer", 3, timeout_s=90)
 
 
+@pytest.mark.integration
 def test_silent_peer_times_out_naming_it(silent_peer_run):
     r0, r1, r2 = silent_peer_run
     assert "rank 2 (region dc2, tcp://127.0.0.1:" in r0["one"]
@@ -175,6 +177,7 @@ def _bad_arguments(rank, world):
     return errors, threads_open, threading.active_count()
 
 
+@pytest.mark.integration
 def test_bad_arguments_and_close(silent_peer_run):
     for errors, threads_open, threads_closed in (r["bad"] for r in silent_peer_run):
         assert len(errors) == 8
@@ -207,31 +210,7 @@ def test_single_rank_comm_needs_no_peers():
 
 def _pair(monkeypatch, kw):
     """Two PeerTransports in this process (threads build them concurrently), sharing a HashStore."""
-    return _group(monkeypatch, kw)
-
-
-def _group(monkeypatch, kw):
-    """One PeerTransport per entry of ``kw`` in this process, built concurrently, sharing a HashStore."""
-    import itertools
-    import threading
-
-    import torch.distributed as dist
-
-    import geodml.comm.transport as T
-
-    monkeypatch.setattr(T, "_namespace_counter", itertools.repeat(0))
-    store = dist.HashStore()
-    n = len(kw)
-    out = [None] * n
-
-    def build(r):
-        out[r] = T.PeerTransport(rank=r, world_size=n, store=store, timeout_s=10,
-                                 region_of_rank=["x", "y", "z"][:n], **kw[r])
-
-    threads = [threading.Thread(target=build, args=(r,)) for r in range(n)]
-    [t.start() for t in threads]
-    [t.join(timeout=30) for t in threads]
-    return out
+    return transport_group(monkeypatch, kw)
 
 
 def test_bind_host_forms_and_zero_copy_round_trip(monkeypatch):
@@ -270,7 +249,7 @@ def test_hand_over_to_several_peers_copied_and_zero_copy_arrays(monkeypatch):
     import geodml.comm.transport as T
 
     kw = {"bind_host": "127.0.0.1"}
-    a, b, c = _group(monkeypatch, [kw, kw, kw])
+    a, b, c = transport_group(monkeypatch, [kw, kw, kw])
     try:
         sizes = (10, T.ZERO_COPY_MIN_BYTES // 4 + 1000, T.ZERO_COPY_MIN_BYTES_WAIT // 4 + 1000, 200_000)
         bufs = [np.zeros(n, np.float32) for n in sizes]  # copied / copied or zero-copy / zero-copy x2
@@ -307,9 +286,35 @@ def test_address_exchange_times_out_naming_the_missing_rank():
 
     t0 = time.monotonic()
     try:
-        PeerTransport(rank=0, world_size=3, store=dist.HashStore(), bind_host="127.0.0.1", timeout_s=0.5)
+        PeerTransport(rank=0, world_size=3, store=dist.HashStore(), bind_host="127.0.0.1", timeout_s=0.5,
+                      secret=bytes(32))
     except CommTimeoutError as e:
         assert "rank(s) 1, 2 did not publish their ZeroMQ address within 0.5 s" in str(e)
     else:
         raise AssertionError("no timeout")
     assert time.monotonic() - t0 < 5
+
+
+def _secret_not_in_store(rank, world):
+    import torch.distributed as dist
+
+    from geodml.comm import build_comm
+    from geodml.config import CommConfig
+
+    comm = build_comm(CommConfig(wan="off", timeout_s=20), rank=rank, world_size=world)
+    store = dist.distributed_c10d._get_default_store()
+    old_key_there = store.check(["geodml/comm/0/key"])  # where the secret used to be published
+    key = comm._transport._mac_key if comm._transport is not None else b""
+    comm.close()
+    return old_key_there, key
+
+
+@pytest.mark.integration
+def test_wire_secret_is_shared_over_the_process_group_not_the_store():
+    """Issue 20, class 8: the store is reachable from the network under torchrun --standalone, so the
+    run's wire secret is broadcast over the process group instead; every rank holds the same 32 bytes
+    and the store never saw them."""
+    results = run_workers("tests.test_comm_p2p:_secret_not_in_store", 3, timeout_s=90)
+    assert [there for there, _ in results] == [False, False, False]
+    keys = {key for _, key in results}
+    assert len(keys) == 1 and len(next(iter(keys))) == 32

@@ -54,6 +54,7 @@ def scripted(tmp_path_factory):
 UPDATE1, UPDATE2, CONTROL = 10_030, 20_030, 37
 
 
+@pytest.mark.integration
 def test_virtual_clock_equals_hand_computation(scripted):
     # p2p. Rank 0 (clock 0.5) sends both updates at once on a->b (1e6 B/s, 10 ms):
     #   first:  link busy 0.5 .. 0.51003, arrives 0.52003
@@ -79,6 +80,7 @@ def _summary(results, mode):
     return Ledger.summarize([row for out in results for row in out[mode]["rows"]])
 
 
+@pytest.mark.integration
 def test_ledger_totals_equal_hand_computed_numbers(scripted):
     # Bytes each rank sends (regions: rank 0 a, rank 1 b, rank 2 a):
     #   a->b: updates 10,030 + 20,030; all-reduce by rank 0: 4 chunks x 40 B = 160; all-gather
@@ -100,11 +102,13 @@ def test_ledger_totals_equal_hand_computed_numbers(scripted):
     assert _summary(scripted, "off")["wan_emulated_seconds_by_link"] == {"a->b": 0.0, "b->a": 0.0}
 
 
+@pytest.mark.integration
 def test_off_mode_counts_bytes_only(scripted):
     for rank, out in enumerate(scripted):
         assert out["off"]["clocks"] == [[0.5, 0.2, 0.1][rank]] * 4  # compute only
 
 
+@pytest.mark.integration
 def test_bsp_all_reduce_charged_by_the_ring_model(scripted):
     # 33 float32 gradients, K = 3, default topology (dc0, dc1, dc2; 100 Mbit/s, 50 ms):
     # chunks of 11 elements = 44 B; each rank sends 2(K-1) = 4 chunks = 176 B per step to its

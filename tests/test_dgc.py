@@ -18,6 +18,7 @@ from geodml.algorithms.dgc import DGC, WARMUP_SPARSITIES, warmup_sparsity
 from geodml.algorithms.topk import TopSelector, target_count
 from geodml.comm import InProcessGroup
 from geodml.comm.wire import envelope_nbytes
+from geodml.config import AlgoConfig
 from tests.mp import run_torchrun, run_workers
 
 # ---------------------------------------------------------------------------------------------
@@ -369,11 +370,11 @@ def test_theta_knob_is_e_warm():
 
 
 def test_invalid_hyper_parameters():
-    flat = FlatParams(nn.Linear(3, 1))
-    bad = [({"sparsity": 1.0}, "sparsity"), ({"clip_norm": 0.0}, "clip-norm"), ({"sample_ratio": 0.0}, "sample-ratio")]
+    """Validated once, by the config (DGC's constructor no longer repeats these checks)."""
+    bad = [({"sparsity": 1.0}, "sparsity"), ({"clip_norm": 0.0}, "clip-norm"), ({"dgc_sample_ratio": 0.0}, "sample-ratio")]
     for kw, msg in bad:
         with pytest.raises(ValueError, match=msg):
-            DGC(flat=flat, comm=None, momentum=0.9, ctx=_ctx(0, 1), **kw)
+            AlgoConfig(algo="dgc", **kw)
 
 
 def test_state_dict_round_trip_continues_identically():

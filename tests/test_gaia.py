@@ -3,7 +3,6 @@ two limits that reduce it to known algorithms (T0 = 0: one model moved by the su
 momentum updates; T0 huge: K independent local runs with no update bytes)."""
 
 import json
-from types import SimpleNamespace
 
 import numpy as np
 import pytest

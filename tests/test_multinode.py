@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.mp import REPO, _env, _kill, free_port, run_command
@@ -196,3 +196,38 @@ def test_device_flag_lets_ranks_share_gpus_and_rejects_impossible_pairs(monkeypa
         resolve_backend("nccl", 5, "auto")
     assert [str(resolve_device("gloo", "cuda", r)) for r in range(5)] == ["cuda:0", "cuda:1", "cuda:0", "cuda:1", "cuda:0"]
     assert str(resolve_device("nccl", "auto", 1)) == "cuda:1" and resolve_device("gloo", "auto", 1).type == "cpu"
+
+
+@pytest.mark.integration
+def test_store_host_node_loses_a_rank_and_the_other_node_names_it(tmp_path):
+    """Issue 20, class 7: two "nodes" (static rendezvous: node 0 hosts the store and ranks 0-1).
+    Rank 1 dies at step 5 without restarts; node 0's agent stops and takes the store with it; node
+    1's agent then fails at once and SIGTERMs ranks 2-3, before any heartbeat times out. Node 1's
+    log must still say what was lost: its ranks' SIGTERM handler prints what their peer watch saw
+    (the silent rank, the store that stopped answering). docs/reliability.md says what a user sees."""
+    port = free_port()
+    procs, logs = [], []
+    argv = [*JOB, "--steps", "100000", "--eval-every", "100000", "--log-every", "1000", "--out", str(tmp_path / "run"),
+            "--peer-timeout-s", "1"]
+    try:
+        for node in (0, 1):
+            env = _env(_launch_env(tmp_path, NNODES="2", NODE_RANK=str(node), NPROC="2", RDZV_HOST="127.0.0.1",
+                                   RDZV_PORT=str(port), RDZV_BACKEND="static", GEODML_FAULT="rank=1,step=5,how=kill"))
+            log = open(tmp_path / f"node{node}.log", "w")
+            logs.append(log)
+            procs.append(subprocess.Popen(["bash", str(LAUNCH / "multinode.sh"), *argv], cwd=REPO, env=env, stdout=log,
+                                          stderr=subprocess.STDOUT, start_new_session=True))
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+            time.sleep(0.1)
+    finally:
+        _kill(procs)
+        for log in logs:
+            log.close()
+    node0, node1 = ((tmp_path / f"node{n}.log").read_text(errors="replace") for n in (0, 1))
+    assert "GEODML_FAULT: rank 1 dies after step 5" in node0, node0[-3000:]
+    assert all(p.returncode not in (None, 0) for p in procs)
+    named = [line for line in node1.splitlines() if line.startswith("geodml: error:")]
+    assert named, node1[-4000:]
+    assert any("rank 1" in line or "store" in line for line in named), named
+    print("node 1 says:", *named, sep="\n  ")

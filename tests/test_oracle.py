@@ -180,7 +180,8 @@ def python_launcher(code: str):
 
 @pytest.mark.integration
 def test_runner_runs_and_reads_summary(tmp_path):
-    write = "import json, sys, pathlib; pathlib.Path(sys.argv[1], 'summary.json').write_text(json.dumps({'final_val_accuracy': 0.5, 'wan_bytes_total': 7}))"
+    write = ("import json, sys, pathlib; pathlib.Path(sys.argv[1], 'summary.json')"
+             ".write_text(json.dumps({'final_val_accuracy': 0.5, 'wan_bytes_total': 7}))")
     specs = [RunSpec(f"r{i}", tmp_path / f"r{i}", ("--algo", "bsp"), 2) for i in range(3)]
     res = run_all(specs, jobs=2, launcher=python_launcher(write), log=lambda m: None, poll_s=0.02)
     assert [r.status for r in res] == ["ok"] * 3 and res[2].summary["wan_bytes_total"] == 7

@@ -344,6 +344,38 @@ def test_dashboard_is_valid_grafana_json_over_exporter_metrics():
             "geodml_process_resident_memory_bytes"} <= used
 
 
+CONSOLE = REPO / "launch/prometheus/consoles/geodml.html"
+CONSOLE_LIB = REPO / "launch/prometheus/console_libraries/geodml.lib"
+
+
+def test_console_queries_only_exporter_metrics():
+    """The live console (tests/test_dashboard.py renders it) asks for metrics and labels the exporter
+    defines, loads nothing from outside Prometheus, and start.sh serves it."""
+    page, lib = CONSOLE.read_text(), CONSOLE_LIB.read_text()
+    exprs = [e for e in re.findall(r'"((?:[^"\\]|\\.)*)"', page + lib) if "geodml_" in e and "SEL" in e]
+    server = re.findall(r'printf "([^"]*geodml_[^"]*)"', lib)  # the runs table's instant queries
+    assert len(exprs) >= 14 and len(server) >= 6
+    used = set()
+    for expr in exprs + server:
+        q = expr.replace("SEL", '{run=~".*"}').replace("RATE", "1m").replace("%s", "").replace("%q", '""')
+        names, labels = promql_metrics_and_labels(q)
+        names -= {"up"}
+        assert names <= set(METRICS), (expr, names - set(METRICS))
+        allowed = set().union(*(METRICS[n][1] for n in names)) | {"job", "instance"} if names else {"run", "algo"}
+        assert labels <= allowed, (expr, labels - allowed)
+        used |= names
+    assert {"geodml_wan_sent_bytes_total", "geodml_validation_accuracy", "geodml_emulated_time_seconds",
+            "geodml_skewscout_theta", "geodml_skewscout_accuracy_loss", "geodml_steps_total", "geodml_train_loss",
+            "geodml_process_cpu_seconds_total", "geodml_process_resident_memory_bytes",
+            "geodml_wire_rejected_messages_total"} <= used
+    panels = re.findall(r'class="col-lg-6 geodml_panel" data-panel="(\w+)"', page)
+    assert len(panels) == len(set(panels)) == 12
+    for url in re.findall(r'(?:src|href)="([^"]+)"', page + lib):  # only Prometheus's own pages and static files
+        assert url.startswith(("{{ pathPrefix }}/", "?")), url
+    start = (REPO / "launch/prometheus/start.sh").read_text()
+    assert '--web.console.templates="$here/consoles"' in start and '--web.console.libraries="$here/console_libraries"' in start
+
+
 @pytest.mark.integration
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package prometheus) not installed")
 def test_shipped_prometheus_config_is_valid():

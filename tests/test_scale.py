@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 import time
-from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 from geodml.data.datasets import load_dataset, load_dataset_cached, resolve_cache_dir
-from tests.mp import REPO, free_port, run_command, run_workers
 from tests.datafiles import make_idx_dir
+from tests.mp import REPO, free_port, run_command, run_workers
 
 ARRAYS = ("train_x", "train_y", "test_x", "test_y")
 

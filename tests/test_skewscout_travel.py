@@ -86,7 +86,8 @@ def test_gaia_skewscout_end_to_end(tmp_path, partition, direction):
     # 300 evaluation samples (AL's sampling noise is about +-0.03 with 100)
     k, every, steps, out = 3, 40, 120, tmp_path / "run"
     r = run_torchrun(k, ["--dataset", "digits", "--model", "lenet", "--algo", "gaia", "--t0", "0.1", "--skewscout",
-                         "--travel-every", str(every), "--travel-samples", "300", "--steps", str(steps), "--no-progress", "--wan", "off",
+                         "--travel-every", str(every), "--travel-samples", "300", "--steps", str(steps), "--no-progress",
+                         "--wan", "off",
                          "--eval-every", "1000", "--out", str(out), *partition], timeout_s=180)
     assert r.returncode == 0, r.stderr[-3000:]
     traj = _trajectory(out)

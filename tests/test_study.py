@@ -43,7 +43,8 @@ def test_full_budget_scales_schedule_and_dgc_warmup(tmp_path):
     dgc = cells["dgc-e_warm-8-iid"].spec.argv
     assert flag(dgc, "--e-warm") == "0.25"  # 8 paper epochs x 4/128
     assert flag(dgc, "--lr") == "0.002" and flag(cells["gaia-t0-0.1-noniid-100"].spec.argv, "--lr") == "0.002"
-    assert flag(cells["bsp-iid"].spec.argv, "--lr") == "0.01" and flag(cells["fedavg-iter_local-20-iid"].spec.argv, "--lr") == "0.01"
+    assert flag(cells["bsp-iid"].spec.argv, "--lr") == "0.01"
+    assert flag(cells["fedavg-iter_local-20-iid"].spec.argv, "--lr") == "0.01"
     assert flag(cells["gaia-t0-0.1-iid"].spec.argv, "--t0") == "0.1"
     assert flag(cells["fedavg-iter_local-20-iid"].spec.argv, "--iter-local") == "20"
     non = cells["bsp-noniid-100"].spec.argv
@@ -195,11 +196,13 @@ def test_hparams_report_pairs_each_knob_with_the_paper(tmp_path, capsys):
     # ours: 89% - 90% = -1.0 pp, 1e6/1e5 = x10; paper Table 6 LeNet T0=2%: 76.9% (77.4 - 0.5), 52.6% (-24.8)
     assert "| Gaia T0=2% | 89.0% (-1.0 pp, x10.0) | 80.0% (-10.0 pp, x2.5) | 76.9% (-0.5 pp) | 52.6% (-24.8 pp) |" in md
     # Table 7 Iter_Local=1000: 78.3% / 19.0%; Table 8 E_warm=1: 10.0% / 39.9%
-    assert "| FedAvg Iter_Local=1000 | 80.0% (-10.0 pp, x1000.0) | 30.0% (-60.0 pp, x1000.0) | 78.3% (+0.9 pp) | 19.0% (-58.4 pp) |" in md
+    assert ("| FedAvg Iter_Local=1000 | 80.0% (-10.0 pp, x1000.0) | 30.0% (-60.0 pp, x1000.0) | 78.3% (+0.9 pp) "
+            "| 19.0% (-58.4 pp) |") in md
     assert "| 84.0% (-6.0 pp, x20.0) | 50.0% (-40.0 pp, x20.0) | 10.0% (-67.4 pp) | 39.9% (-37.5 pp) |" in md
     with open(out / "hparams.csv") as f:
         rows = {r["run_id"]: r for r in csv.DictReader(f)}
-    assert float(rows["dgc-e_warm-1-iid"]["theta"]) == 1.0 and float(rows["dgc-e_warm-1-iid"]["paper_accuracy"]) == pytest.approx(0.1)
+    assert float(rows["dgc-e_warm-1-iid"]["theta"]) == 1.0
+    assert float(rows["dgc-e_warm-1-iid"]["paper_accuracy"]) == pytest.approx(0.1)
     assert rows["bsp-iid"]["theta"] == "" and float(rows["bsp-noniid-100"]["paper_accuracy"]) == pytest.approx(0.766)
     assert (out / "knobs.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # no paper number exists for other models, other skews or FedAvgM

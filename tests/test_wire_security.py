@@ -15,14 +15,13 @@ import hashlib
 import struct
 import time
 
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
 import msgpack
 import numpy as np
 import pytest
 import zmq
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from tests.test_comm_p2p import _group
+from tests.harness import transport_group as _group
 
 _MID_COUNTER = 10**9  # message ids of hand-built messages (the real transports count from 0)
 
@@ -82,7 +81,7 @@ def pair(monkeypatch):
 def test_hostile_socket_each_bad_message_dropped_and_counted(pair):
     a, b, hostile = pair
     key = b._mac_key
-    assert len(key) == 32 and key == a._mac_key  # one per-run secret, shared through the store
+    assert len(key) == 32 and key == a._mac_key  # one per-run secret, shared by the caller (build_comm: over the process group)
     vals = np.arange(6, dtype=np.float32)
     # The real peer: two messages (seq 0, 1); a forged copy of the second is a replay.
     for step in range(2):

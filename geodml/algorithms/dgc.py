@@ -127,12 +127,7 @@ class DGC(Algorithm):
                  e_warm: float = 4.0, clip_norm: float | None = None, sample_ratio: float = 0.01,
                  selection_backend: str = "auto") -> None:
         super().__init__(flat=flat, comm=comm, momentum=momentum, ctx=ctx)
-        if not 0.0 <= sparsity < 1.0:
-            raise ValueError(f"--sparsity must be in [0, 1), got {sparsity!r}")
-        if clip_norm is not None and not clip_norm > 0:
-            raise ValueError(f"--clip-norm must be > 0, got {clip_norm!r}")
-        if not 0.0 < sample_ratio <= 1.0:
-            raise ValueError(f"--dgc-sample-ratio must be in (0, 1], got {sample_ratio!r}")
+        # sparsity, clip_norm and sample_ratio are validated by geodml.config.AlgoConfig (the one validator)
         if flat.data.dtype != torch.float32:
             raise ValueError(f"DGC sends float32 values; the model's parameters are {flat.data.dtype}")
         # hyper-parameters

@@ -5,10 +5,10 @@ DGC's warm-up epochs E_warm. A knob has a name (the flag's, ``t0``), a grid of v
 most to least communication (the controller walks it, Quagmire Appendix H, Tables 6-8), and
 get/set on the live algorithm.
 
-Two objects, because the grid is needed before anything is built: :class:`KnobSpec` is what an
-algorithm class declares (``Algorithm.KNOB``; the studies plan one run per grid point from it),
-:class:`Knob` is that spec bound to one algorithm instance (``Algorithm.knob``; SkewScout reads
-and sets it).
+Two objects, because the grid is needed before anything is built: :class:`KnobSpec` is what the
+registry's factory of an ``--algo`` declares as ``KNOB`` (geodml.algorithms.AlgorithmFactory; the
+studies plan one run per grid point from it), :class:`Knob` is a spec bound to one algorithm
+instance (``Algorithm.knob``; SkewScout reads and sets it).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class KnobSpec:
-    """A knob's name and grid, as an algorithm class declares them."""
+    """A knob's name and grid, known without an algorithm instance."""
 
     name: str
     """The knob's name: the RunConfig field it starts from (``t0``, ``iter_local``, ``e_warm``)."""

@@ -7,7 +7,8 @@ per step over the ranks (and the slowest rank):
 * ``batch``: minibatch gather (``algo.work.batch_indices`` + index_select), ``fwd+bwd``: forward,
   loss and backward (what remains of ``train_step``);
 * ``before_step`` / ``local_update`` / ``after_step``: the algorithm's hooks, with the
-  selection kernel (Gaia / DGC ``select``) and the Comm calls inside them split out: ``send`` (``send_to_all`` / ``send``), ``recv wait``
+  selection kernel (Gaia / DGC ``select``) and the Comm calls inside them split out: ``send``
+  (``send_to_all`` / ``send``), ``recv wait``
   (``recv_from_all`` / ``recv``: mostly waiting for the slowest peer in a lock-step exchange),
   ``collective`` (``all_reduce`` / ``broadcast`` / ``all_gather``);
 * ``log``: the trainer's periodic logging (uncharged meta collectives).
@@ -57,8 +58,7 @@ def _wrap(cls, name: str, phase: str, unless: str = "") -> None:
 
 def _worker(out_json: str, geodml_args: list[str]) -> int:
     from geodml import cli, trainer
-    from geodml.algorithms import base
-    from geodml.algorithms import REGISTRY, algorithm_factory
+    from geodml.algorithms import REGISTRY, algorithm_factory, base
     from geodml.comm.charged import ChargedComm  # defines the Comm methods of DistComm and InProcessComm
 
     for name in REGISTRY:

@@ -20,14 +20,12 @@ N-vector (DGC's wire while k >= N/K).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import socket
 import statistics
 import subprocess
 import sys
 import time
-
 
 STAT = {"median": statistics.median, "min": min}
 """How repeated timings are summarized: median (default) or min (the uncontended cost on a busy machine)."""
@@ -111,7 +109,6 @@ def kernel_table(sizes: list[int], sparsities: list[float]) -> list[str]:
 def _exchange_worker(entries: list[int], dense_numel: int, repeats: int) -> None:
     import datetime
 
-    import numpy as np
     import torch
     import torch.distributed as dist
 

@@ -97,7 +97,7 @@ def measure(sizes: list[int], repeats: int, stat=statistics.median, device: str 
 
                 def gaia() -> None:
                     frac.append(g.select(0.01)[0] / n)
-                kt, ft = _paired(gaia, floor, repeats, lambda: g.v.copy_(v0), sync)
+                kt, ft = _paired(gaia, floor, repeats, lambda v0=v0: g.v.copy_(v0), sync)
                 fl = stat(ft)
                 bw = 8 * n / fl
                 rows.append([label, n, 8, stat(kt) * 1e3, fl * 1e3, bw / 1e9, stat(kt) / (8 * n / bw),

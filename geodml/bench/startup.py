@@ -14,7 +14,6 @@ partitioning, ZeroMQ transport and peer address exchange, model, first step) are
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import tempfile

@@ -14,7 +14,8 @@ rank) the benchmark runs, one after the other in this invocation:
 Combined images/s = K * batch / (seconds per step on rank 0); the ratio is against the mean of
 the two plain runs. ``--device cuda`` puts every rank (plain and geodml) on the GPU(s): with
 fewer GPUs than K the ranks share them (geodml with ``--backend auto --device cuda``: NCCL when
-each rank has its own GPU, else gloo with host-staged collectives). Targets (issue 12): BSP and FedAvg >= 0.9x, Gaia and DGC >= 0.8x.
+each rank has its own GPU, else gloo with host-staged collectives). Targets (issue 12): BSP and FedAvg >= 0.9x,
+Gaia and DGC >= 0.8x.
 """
 
 from __future__ import annotations
@@ -27,8 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from geodml.bench.common import (TIMEOUT_S, bench_env, format_table, run_geodml, torchrun_cmd,
-                                 write_synthetic_cifar)
+from geodml.bench.common import TIMEOUT_S, bench_env, format_table, run_geodml, torchrun_cmd, write_synthetic_cifar
 
 TARGETS = {"bsp": 0.9, "fedavg": 0.9, "gaia": 0.8, "dgc": 0.8}
 ALGO_FLAGS = {"gaia": ("--t0", "0.01"), "dgc": ("--e-warm", "0"), "fedavg": ("--iter-local", "20")}
@@ -48,7 +48,7 @@ def _plain_worker(model_name: str, batch: int, steps: int, warmup: int, device: 
     from geodml.models import build_model
 
     torch.set_num_threads(1)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rank = int(os.environ["RANK"])
     dev = torch.device("cpu")
     if device == "cuda":
         dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())

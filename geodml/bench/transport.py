@@ -39,6 +39,7 @@ import json
 import math
 import multiprocessing
 import random
+import secrets
 import statistics
 import time
 
@@ -153,7 +154,12 @@ def _run(rank: int, store, opts: dict) -> dict:
         return topology_from_dict({"source": "benchmark (illustrative)", "regions": regions, "placement": regions,
                                    "default": {"bandwidth_mbps": rate_mbps, "latency_ms": latency_ms}})
 
-    plain = PeerTransport(rank=rank, world_size=2, store=store, bind_host="127.0.0.1", timeout_s=60,
+    # The benchmark's own wire secret, through its own loopback store (a run broadcasts it over the
+    # process group instead: geodml.comm.share_wire_secret).
+    if rank == 0:
+        store.set("bench/secret", secrets.token_bytes(32).hex())
+    secret = bytes.fromhex(store.get("bench/secret").decode())
+    plain = PeerTransport(rank=rank, world_size=2, store=store, bind_host="127.0.0.1", timeout_s=60, secret=secret,
                           region_of_rank=regions)
     noauth = PeerTransport(rank=rank, world_size=2, store=store, bind_host="127.0.0.1", timeout_s=60,
                            region_of_rank=regions, wire_auth="off")
@@ -258,7 +264,7 @@ def _run(rank: int, store, opts: dict) -> dict:
                                    for k, v in rtt.items() if v}
 
         # --wan real pacing.
-        paced = PeerTransport(rank=rank, world_size=2, store=store, bind_host="127.0.0.1", timeout_s=60,
+        paced = PeerTransport(rank=rank, world_size=2, store=store, bind_host="127.0.0.1", timeout_s=60, secret=secret,
                               region_of_rank=regions, paced=True)
         latency_ms = opts["latency_ms"]
         buf = np.random.default_rng(1).integers(0, 255, size=1_000_000, dtype=np.uint8)

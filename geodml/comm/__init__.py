@@ -23,9 +23,9 @@ from geodml.comm.api import Comm, CommError, CommTimeoutError, RunComm
 from geodml.comm.dist import DistComm
 from geodml.comm.inprocess import InProcessComm, InProcessGroup
 from geodml.comm.ledger import KINDS, Ledger
-from geodml.comm.pacing import WAN_MODES
 from geodml.comm.topology import Topology, TopologyError, WanLink, default_topology, load_topology
 from geodml.comm.transport import PeerTransport
+from geodml.config import WAN_MODES
 
 if TYPE_CHECKING:
     import torch
@@ -39,6 +39,21 @@ if TYPE_CHECKING:
 __all__ = ["Comm", "RunComm", "DistComm", "InProcessComm", "InProcessGroup", "Ledger", "KINDS", "WAN_MODES",
            "build_comm", "CommError", "CommTimeoutError", "PeerTransport", "Topology", "TopologyError", "WanLink",
            "load_topology", "default_topology"]
+
+
+def share_wire_secret(rank: int) -> bytes:
+    """The run's 32-byte wire secret: drawn by rank 0 and broadcast over the default process group
+    (collective: every rank calls it). Not through the store, which torchrun --standalone binds on
+    every interface and which anyone who reaches it can read (docs/reliability.md)."""
+    import secrets
+
+    import torch.distributed as dist
+
+    box: list[bytes | None] = [secrets.token_bytes(32) if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    secret = box[0]
+    assert isinstance(secret, bytes) and len(secret) == 32
+    return secret
 
 
 def build_comm(cfg: CommConfig, *, rank: int, world_size: int, device: torch.device | str | None = None,
@@ -67,7 +82,8 @@ def build_comm(cfg: CommConfig, *, rank: int, world_size: int, device: torch.dev
         store = dist.distributed_c10d._get_default_store()
         transport = PeerTransport(rank=rank, world_size=world_size, store=store, bind_host=cfg.bind_host,
                                   timeout_s=cfg.timeout_s, region_of_rank=regions, paced=cfg.wan == "real",
-                                  wire_auth=cfg.wire_auth, max_message_bytes=int(cfg.max_message_mb * 1024 * 1024))
+                                  wire_auth=cfg.wire_auth, max_message_bytes=int(cfg.max_message_mb * 1024 * 1024),
+                                  secret=share_wire_secret(rank) if cfg.wire_auth == "on" else None)
     try:
         return DistComm(rank=rank, world_size=world_size, region_of_rank=regions, topology=topology, wan=cfg.wan,
                         wan_scale=cfg.wan_scale, transport=transport, timeout_s=cfg.timeout_s, device=device)

@@ -42,9 +42,10 @@ from geodml.comm.collectives import (
     star_broadcast_duration_s,
 )
 from geodml.comm.ledger import KINDS, Ledger
-from geodml.comm.pacing import WAN_MODES, LinkPacing, Target
+from geodml.comm.pacing import LinkPacing, Target
 from geodml.comm.topology import Topology, WanLink, rank_links
 from geodml.comm.wire import Incoming, Outgoing, as_array
+from geodml.config import WAN_MODES
 
 _KIND_SET = frozenset(KINDS)
 _T = TypeVar("_T")
@@ -64,8 +65,7 @@ class ChargedComm(ABC):
     def __init__(self, *, rank: int, world_size: int, region_of_rank: Sequence[str],
                  topology: Topology | None = None, wan: str = "off", wan_scale: float = 1.0,
                  timeout_s: float = 60.0) -> None:
-        if wan not in WAN_MODES:
-            raise ValueError(f"--wan: choose one of {', '.join(WAN_MODES)}, got {wan!r}")
+        assert wan in WAN_MODES, wan  # validated by geodml.config.CommConfig
         if wan != "off" and topology is None:
             raise ValueError(f"--wan {wan} needs a topology for the link model")
         if len(region_of_rank) != world_size:

@@ -41,8 +41,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from geodml.comm.topology import WanLink
-
-WAN_MODES = ("off", "virtual", "real")
+from geodml.config import WAN_MODES
 
 Target = tuple[int, float, "float | None"]
 """One copy of a message: (destination rank, emulated arrival_s, ``time.monotonic()`` release time or
@@ -213,8 +212,7 @@ class LinkPacing:
     """
 
     def __init__(self, wan: str, links_out: Sequence[WanLink | None]) -> None:
-        if wan not in WAN_MODES:
-            raise ValueError(f"--wan: choose one of {', '.join(WAN_MODES)}, got {wan!r}")
+        assert wan in WAN_MODES, wan  # validated by geodml.config.CommConfig
         self.wan = wan
         self.timed = wan != "off"
         """Whether the link model moves the clock (``virtual`` and ``real``)."""

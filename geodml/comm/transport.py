@@ -14,8 +14,9 @@ the default address) or, by default, this node's address on the interface that r
 address in a multi-node run); see :func:`default_bind_host`. Every rank publishes its address in the
 torch.distributed store under ``geodml/comm/<n>/addr/<rank>`` (n counts the transports this
 process built, identically on every rank) and reads its peers' addresses from there. Under
-``--wire-auth on`` rank 0 also draws the run's 32-byte secret per transport and shares it through
-the store (the run's rendezvous: whoever can read it can join the process group anyway).
+``--wire-auth on`` the transport takes the run's 32-byte secret from its caller: ``build_comm``
+has rank 0 draw it and broadcasts it over the process group, so it never sits in the store
+(torchrun ``--standalone`` binds the store on every interface; docs/reliability.md).
 
 Frames. A message goes as one multipart ZeroMQ message in the wire format (geodml.comm.wire):
 envelope + trailer in frame 0 (one frame less to send), one frame per array. Arrays of
@@ -72,7 +73,6 @@ import ipaddress
 import itertools
 import math
 import os
-import secrets
 import socket
 import sys
 import threading
@@ -91,12 +91,12 @@ from geodml.comm.wire import (
     DEFAULT_MAX_MESSAGE_BYTES,
     MAX_ARRAYS,
     REJECT_REASONS,
-    WIRE_AUTH_MODES,
     Incoming,
     Outgoing,
     Rejected,
     WireCodec,
 )
+from geodml.config import WIRE_AUTH_MODES
 
 if TYPE_CHECKING:
     from torch.distributed import Store
@@ -168,16 +168,19 @@ class PeerTransport:
 
     def __init__(self, *, rank: int, world_size: int, store: Store, bind_host: str | None = None,
                  timeout_s: float = 60.0, region_of_rank: Sequence[str] | None = None, paced: bool = False,
-                 wire_auth: str = "on", max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+                 wire_auth: str = "on", max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 secret: bytes | None = None) -> None:
         assert 0 <= rank < world_size
-        if wire_auth not in WIRE_AUTH_MODES:
-            raise ValueError(f"--wire-auth: choose one of {', '.join(WIRE_AUTH_MODES)}, got {wire_auth!r}")
-        if not (isinstance(max_message_bytes, int) and max_message_bytes >= 1024):
-            raise ValueError(f"the maximum message size must be at least 1 KiB, got {max_message_bytes!r} bytes")
+        # wire_auth and the message size limit are validated by geodml.config.CommConfig
+        assert wire_auth in WIRE_AUTH_MODES and isinstance(max_message_bytes, int) and max_message_bytes >= 1024
+        if wire_auth == "on" and not (isinstance(secret, bytes) and len(secret) == 32):
+            raise ValueError("PeerTransport: --wire-auth on needs the run's 32-byte secret (build_comm shares one "
+                             "over the process group; it is never put in the store)")
         self.rank, self.world_size = rank, world_size
         self.timeout_s = float(timeout_s)
         self.wire_auth = wire_auth
         self.max_message_bytes = max_message_bytes
+        self._secret = secret if wire_auth == "on" else None
         self.rejected: dict[str, int] = dict.fromkeys(REJECT_REASONS, 0)
         """Received messages dropped, by reason (see :data:`REJECT_REASONS`)."""
         self.region_of_rank = (list(region_of_rank) if region_of_rank is not None
@@ -219,8 +222,6 @@ class PeerTransport:
         self.address = _tcp_endpoint(advertise, port)
         base = f"geodml/comm/{next(_namespace_counter)}"
         ns = f"{base}/addr"
-        if self.wire_auth == "on" and self.rank == 0:  # set before rank 0's address: seen before it
-            store.set(f"{base}/key", secrets.token_bytes(32))  # type: ignore[arg-type]  # bytes are stored as is
         store.set(f"{ns}/{self.rank}", self.address)
         self.addresses[self.rank] = self.address
         deadline = time.monotonic() + self.timeout_s
@@ -237,11 +238,8 @@ class PeerTransport:
                     f"address within {self.timeout_s:g} s (they did not build their Comm: crashed or still starting)"
                 ) from None
             self.addresses[r] = store.get(f"{ns}/{r}").decode()
-        if self.wire_auth == "on":
-            key = store.get(f"{base}/key")
-            if len(key) != 32:
-                raise CommError(f"rank {self.rank}: the run's wire secret in the store has {len(key)} bytes, not 32")
-            self._codec.set_mac_key(key)
+        if self._secret is not None:
+            self._codec.set_mac_key(self._secret)
         for r, addr in enumerate(self.addresses):
             if r == self.rank:
                 continue

@@ -47,7 +47,6 @@ import numpy as np
 from geodml.comm.ledger import KINDS
 
 PROTOCOL_VERSION = 1
-WIRE_AUTH_MODES = ("on", "off")
 DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024 * 1024
 """Largest message (all frames) a rank sends or accepts unless told otherwise (``--max-message-mb``)."""
 MAX_ARRAYS = 4096

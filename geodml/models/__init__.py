@@ -24,7 +24,6 @@ from geodml.models.lenet import GROUP_SIZE, LeNet
 from geodml.models.resnet import ResNet20
 from geodml.models.simple import MLP, LogisticRegression
 
-
 __all__ = ["GROUP_SIZE", "LeNet", "LogisticRegression", "MLP", "MODEL_NAMES", "MODEL_NORMS", "NORMS",
            "ResNet20", "build_model", "count_parameters"]
 

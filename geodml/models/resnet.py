@@ -26,7 +26,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from geodml.config import MODEL_NORMS
-
 from geodml.models.lenet import make_norm2d
 
 STAGE_CHANNELS = (16, 32, 64)

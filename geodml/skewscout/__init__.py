@@ -30,9 +30,7 @@ ALGORITHM_KINDS = ("gradient", "update", "model")
 class SkewScout:
     def __init__(self, *, cfg: SkewScoutConfig, algo: Algorithm, traveler: ModelTraveler, comm: Comm, rank: int,
                  world_size: int, model_bytes: int, seed: int) -> None:
-        if algo.knob is None:
-            raise ValueError(f"--skewscout needs an algorithm with a communication knob; --algo {algo.name} has none "
-                             "(use gaia, fedavg or dgc)")
+        assert algo.knob is not None, "RunConfig refuses --skewscout for an algorithm without a knob"
         self.cfg, self.knob, self.traveler, self.comm = cfg, algo.knob, traveler, comm
         self.rank, self.world_size = rank, world_size
         self.rounds = 0

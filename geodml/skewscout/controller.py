@@ -49,7 +49,7 @@ from typing import Callable
 
 import numpy as np
 
-SEARCHES = ("hill", "stochastic", "annealing")
+from geodml.config import SEARCHES
 
 
 def inverse_comm_ratio(theta_from: float, theta_to: float) -> float:

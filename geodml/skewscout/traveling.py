@@ -32,8 +32,7 @@ class ModelTraveler:
     def __init__(self, *, rank: int, world_size: int, model: nn.Module, flat: FlatParams, comm: Comm,
                  train_x: torch.Tensor, train_y: torch.Tensor, local_indices: np.ndarray, samples: int,
                  seed: int) -> None:
-        if world_size < 2:
-            raise ValueError("--skewscout needs at least 2 partitions to travel models between")
+        assert world_size >= 2, "the preflight refuses --skewscout with fewer than 2 partitions"
         self.rank, self.world_size = rank, world_size
         self.model, self.flat, self.comm = model, flat, comm
         self.train_x, self.train_y = train_x, train_y

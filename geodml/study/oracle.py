@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from geodml.config import DATASETS, KNOB_ALGOS, PARTITIONS, DataConfig
-from geodml.study.runner import Launcher, RunResult, RunSpec, read_summary, run_all, torchrun_launcher, validate_spec
+from geodml.study.runner import Launcher, RunResult, RunSpec, run_all, torchrun_launcher, validate_spec
 
 THETA_FLAGS = {"t0": "--t0", "iter_local": "--iter-local", "e_warm": "--e-warm"}
 ALGO_LABEL = {"gaia": "Gaia", "fedavg": "FedAvg", "dgc": "DGC"}
@@ -193,7 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shards-per-partition", type=int, default=data.shards_per_partition, help="--partition shards")
     p.add_argument("--nproc", type=int, default=5, help="partitions (torchrun --nproc_per_node)")
     p.add_argument("--tolerance", type=float, default=0.01, help="accepted accuracy below BSP-IID's (absolute)")
-    p.add_argument("--grid", type=_float_list, help="restrict the theta grid, e.g. 0.05,0.5 (default: the algorithm's theta_grid)")
+    p.add_argument("--grid", type=_float_list,
+                   help="restrict the knob's grid, e.g. 0.05,0.5 (default: the algorithm's whole grid)")
     p.add_argument("--with-skewscout", action="store_true", help="also run the algorithm with --skewscout from the grid's middle")
     p.add_argument("--out", help="study directory (default runs/oracle-ALGO-DATASET-SETTING-kNPROC)")
     p.add_argument("--jobs", type=int, default=1, help="runs at a time")
@@ -219,7 +220,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def check_extra_flags(extra: tuple[str, ...]) -> None:
     """The flags after '--' must be valid geodml flags and not ones the study sets."""
-    from geodml.cli import UsageError, build_parser as geodml_parser
+    from geodml.cli import UsageError
+    from geodml.cli import build_parser as geodml_parser
     try:
         given = vars(geodml_parser().parse_args(list(extra)))
     except UsageError as exc:
@@ -338,7 +340,8 @@ def format_table(report: dict) -> str:
     oracle_id = (report["oracle"] or {}).get("run_id")
     lines = [f"# Oracle baseline: {ALGO_LABEL[report['algo']]} on {report['dataset']}, {report['setting']}, "
              f"K={report['nproc']} (Quagmire section 7.3, Figure 8)", "",
-             f"| run | algorithm | theta ({report['theta_name']}) | final accuracy | WAN bytes | savings over BSP | meets target |",
+             f"| run | algorithm | theta ({report['theta_name']}) | final accuracy | WAN bytes | savings over BSP "
+             "| meets target |",
              "|---|---|---|---|---|---|---|"]
     for row in report["runs"]:
         if row["status"] in ("failed", "timeout"):

@@ -42,11 +42,11 @@ import csv
 import json
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from geodml.config import DATASETS
-from geodml.study.runner import Launcher, RunResult, RunSpec, read_summary, run_all, torchrun_launcher, validate_spec
+from geodml.study.runner import Launcher, RunResult, RunSpec, run_all, torchrun_launcher, validate_spec
 
 PAPER_EPOCHS = 128
 PAPER_LR = 0.002
@@ -203,7 +203,8 @@ def knob_flags(algo: str, theta: float, budget: Budget) -> tuple[list[str], str]
     flag, _ = FIG1_THETA[algo]
     if algo == "dgc":
         scaled = theta * budget.epoch_scale
-        return [flag, fmt(round(scaled, 6))], f"E_warm={fmt(theta)}" + (f" (x{budget.epoch_scale:g})" if budget.epoch_scale != 1 else "")
+        scale = f" (x{budget.epoch_scale:g})" if budget.epoch_scale != 1 else ""
+        return [flag, fmt(round(scaled, 6))], f"E_warm={fmt(theta)}" + scale
     if algo == "gaia":
         return [flag, fmt(theta)], f"T0={fmt(100 * theta)}%"
     return [flag, str(int(theta))], f"Iter_Local={int(theta)}"
@@ -369,7 +370,8 @@ def format_markdown(report: dict) -> str:
     b = report["budget"]
     length = f"{b['steps']} steps" if b["steps"] else f"{fmt(b['epochs'])} epochs"
     lines = [f"# {report['study']}: {report['paper']} on {report['dataset']}, K={report['nproc']}, budget {b['name']}",
-             "", f"Budget: {length} per run, BSP lr {b['lr']:g} (Gaia/DGC lr {'/K' if report['sum_lr'] == 'divide' else 'same'}), "
+             "", f"Budget: {length} per run, BSP lr {b['lr']:g} "
+             f"(Gaia/DGC lr {'/K' if report['sum_lr'] == 'divide' else 'same'}), "
              f"eval every {b['eval_every']} steps. Accuracy = final top-1 validation accuracy of the global model "
              "(Gaia: average of the partitions' models, see summary.json); (x pp) = difference to BSP-IID with the same model.",
              ""]
@@ -398,12 +400,14 @@ def format_markdown(report: dict) -> str:
                      f"{_num(r['emulated_s'], '.0f')} | {r['status']} |")
     for r in rows:
         if r["status"] in ("failed", "timeout"):
-            lines.append(f"\nFailed (excluded from comparisons): {r['run_id']}: {r['error']}; stderr: {Path(r['dir']) / 'stderr.txt'}")
+            lines.append(f"\nFailed (excluded from comparisons): {r['run_id']}: {r['error']}; "
+                         f"stderr: {Path(r['dir']) / 'stderr.txt'}")
     return "\n".join(lines) + "\n"
 
 
 CSV_FIELDS = ("run_id", "model", "algo", "knob", "theta", "setting", "skew", "lr", "status", "returncode", "accuracy",
-              "vs_bsp_iid_pp", "paper_accuracy", "val_loss", "train_loss", "wan_bytes_total", "savings_vs_bsp", "emulated_s", "wall_s", "dir",
+              "vs_bsp_iid_pp", "paper_accuracy", "val_loss", "train_loss", "wan_bytes_total", "savings_vs_bsp",
+              "emulated_s", "wall_s", "dir",
               "error")
 
 
@@ -603,7 +607,8 @@ def parse_args(name: str, argv: list[str]) -> argparse.Namespace:
 
 
 def check_extra_flags(extra: tuple[str, ...]) -> None:
-    from geodml.cli import UsageError, build_parser as geodml_parser
+    from geodml.cli import UsageError
+    from geodml.cli import build_parser as geodml_parser
     try:
         given = vars(geodml_parser().parse_args(list(extra)))
     except UsageError as exc:

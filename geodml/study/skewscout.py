@@ -99,7 +99,8 @@ def format_markdown(report: dict) -> str:
              "| non-IID | BSP-IID acc | BSP acc | Oracle T0 | Oracle acc | Oracle savings | SkewScout T0 (start -> final) "
              "| SkewScout acc | SkewScout savings | meets target |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["levels"]:
-        sc = "-" if r["skewscout_start_t0"] is None else f"{paper.fmt(r['skewscout_start_t0'])} -> {_f(r['skewscout_final_t0'], 'g')}"
+        sc = ("-" if r["skewscout_start_t0"] is None
+              else f"{paper.fmt(r['skewscout_start_t0'])} -> {_f(r['skewscout_final_t0'], 'g')}")
         meets = {True: "yes", False: "no", None: "-"}[r["skewscout_meets_target"]]
         lines.append(f"| {round(100 * r['skew'])}% | {_f(r['target_accuracy'], '.4f')} | {_f(r['bsp_accuracy'], '.4f')} | "
                      f"{_f(r['oracle_t0'], 'g')} | {_f(r['oracle_accuracy'], '.4f')} | {_f(r['oracle_savings'], '.1f')}x | "
@@ -177,7 +178,8 @@ def main(argv: list[str] | None = None, *, launcher: Launcher = torchrun_launche
         rows.append(level_row(level, rep))
         failed.update(rep["failed"])
     report = {"study": "skewscout", "paper": paper.PAPER_REF["skewscout"], "dataset": args.dataset, "nproc": args.nproc,
-              "tolerance": args.tolerance, "grid": list(grid), "travel_every": travel_every(args, budget), "gaia_lr": paper.lr_for("gaia", budget.lr, args.nproc, args.sum_lr),
+              "tolerance": args.tolerance, "grid": list(grid), "travel_every": travel_every(args, budget),
+              "gaia_lr": paper.lr_for("gaia", budget.lr, args.nproc, args.sum_lr),
               "budget": {"name": budget.name, "epochs": budget.epochs, "steps": budget.steps, "lr": budget.lr,
                          "eval_every": budget.eval_every}, "levels": rows, "failed": sorted(failed)}
     text = format_markdown(report)

@@ -8,8 +8,8 @@
 # the live dashboard is http://LISTEN/consoles/geodml.html (README "Monitoring"). A run directory
 # that does not exist yet can be linked ahead (choose its --out first); Prometheus reads it once
 # the run writes it. --link-only adds links for a Prometheus that is already running.
-# --install-consoles links geodml.html and geodml.lib into DIR/consoles and DIR/console_libraries
-# (default /etc/prometheus, what Debian's prometheus service serves) for a Prometheus run elsewhere.
+# --install-consoles copies geodml.html and geodml.lib into DIR/consoles and DIR/console_libraries
+# (default /etc/prometheus, what Debian's prometheus service serves; read per request, no restart).
 # The console draws with the graph libraries Prometheus serves under /classic/static/ (Debian: the
 # packages libjs-rickshaw, libjs-d3, libjs-jquery and libjs-bootstrap4, dependencies of prometheus).
 # Environment: GEODML_PROMETHEUS_LISTEN (default 127.0.0.1:9090), GEODML_PROMETHEUS_DATA
@@ -23,9 +23,10 @@ repo=$(cd "$here/../.." && pwd)
 if [ "${1:-}" = "--install-consoles" ]; then
   dest=${2:-/etc/prometheus}
   mkdir -p "$dest/consoles" "$dest/console_libraries"
-  ln -sfn "$here/consoles/geodml.html" "$dest/consoles/geodml.html"
-  ln -sfn "$here/console_libraries/geodml.lib" "$dest/console_libraries/geodml.lib"
-  echo "prometheus: console installed in $dest (served as /consoles/geodml.html after a restart)" >&2
+  # copies, not links: a service user may not be able to read this checkout
+  install -m 0644 "$here/consoles/geodml.html" "$dest/consoles/geodml.html"
+  install -m 0644 "$here/console_libraries/geodml.lib" "$dest/console_libraries/geodml.lib"
+  echo "prometheus: console installed in $dest: /consoles/geodml.html of a Prometheus serving those directories" >&2
   exit 0
 fi
 link_only=0
