@@ -21,7 +21,8 @@ carries ``TORCHELASTIC_RESTART_COUNT`` because a torchrun agent's store outlives
 ``fault_hook_from_env`` is the test hook: ``GEODML_FAULT="rank=1,step=7,how=kill"`` makes rank
 1 kill itself (SIGKILL; ``how=exit``: ``os._exit(17)``) after step 7 of the first attempt
 (``restart=N`` for another one); ``at=startup`` / ``at=finished`` instead of ``step=S`` picks a
-point of the run (:func:`fault_point`).
+point of the run (:func:`fault_point`), ``local_rank=L`` instead of ``rank=R`` picks a local rank
+of the node whose environment carries the spec (multi-node tests).
 """
 
 from __future__ import annotations
@@ -169,6 +170,27 @@ class PeerWatch:
             parts.append(f"the store ({who}) not answering for {now - last_good:.1f} s")
         return "; ".join(parts) or None
 
+    def diagnose(self) -> str | None:
+        """What is wrong right now, for a rank being stopped from outside: :meth:`last_view`, else a
+        peer marked failed or lost in the store, else whether the store answers at all (one
+        immediate probe). None when everything looks fine (an ordinary shutdown)."""
+        seen = self.last_view()
+        if seen:
+            return seen
+        try:
+            for r in range(self.world_size):
+                if r == self.rank:
+                    continue
+                if self.store.add(self._key("input", r), 0):
+                    return None  # a bad input: rank 0 says it once, nothing to add
+                if self.store.add(self._key("failed", r), 0) or self.store.add(self._key("lost", r), 0):
+                    return f"rank {r} failed or was lost"
+        except Exception as exc:  # noqa: BLE001 -- the store's own error types vary
+            who = "rank 0's" if self.store_on_rank0 else f"the torchrun agent's at {self.store_name}"
+            return (f"the store ({who}) is not answering ({type(exc).__name__}): the node that hosts it lost a rank "
+                    "or its agent stopped")
+        return None
+
     def await_verdict(self, timeout_s: float | None = None) -> str | None:
         """Wait (at most ``timeout_s``, default the peer timeout plus two intervals) for the thread to
         name a lost peer; the default ``on_lost`` exits the process, so this returns only without one."""
@@ -211,7 +233,7 @@ def stopped_from_outside(watch: PeerWatch, rank: int) -> Callable[[int, Any], No
     whether the store stopped answering -- then die of the signal as before. Silent when the watch
     saw nothing wrong (an ordinary shutdown)."""
     def handler(signum: int, frame: Any) -> None:
-        seen = watch.last_view()
+        seen = watch.diagnose()
         if seen:
             print(f"geodml: error: rank {rank} stopped by its torchrun agent (SIGTERM) after the job lost a peer: {seen}",
                   file=sys.stderr, flush=True)
@@ -234,15 +256,17 @@ def _fault_spec(rank: int) -> dict[str, str] | None:
         return None
     try:
         kv = dict(item.split("=", 1) for item in spec.split(","))
-        target, restart = int(kv["rank"]), int(kv.get("restart", "0"))
+        # rank=R: the global rank; local_rank=L: that local rank of every node whose environment has the spec
+        me = rank if "rank" in kv else int(os.environ.get("LOCAL_RANK", rank))
+        target, restart = int(kv["rank"] if "rank" in kv else kv["local_rank"]), int(kv.get("restart", "0"))
         if ("step" in kv) == ("at" in kv) or kv.get("how", "kill") not in ("kill", "exit"):
             raise KeyError("step/at")
         if "step" in kv:
             int(kv["step"])
     except (ValueError, KeyError):
-        raise ValueError(f"GEODML_FAULT={spec!r}: expected rank=R,step=S|at=startup|finished"
+        raise ValueError(f"GEODML_FAULT={spec!r}: expected rank=R|local_rank=L,step=S|at=startup|finished"
                          "[,how=kill|exit][,restart=N]") from None
-    if target != rank or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) != restart:
+    if target != me or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) != restart:
         return None
     return kv
 
