@@ -16,7 +16,7 @@ import torch
 
 from geodml import checkpoint as ck
 from geodml.cli import main, parse_config
-from tests.datafiles import make_idx_dir, write_cifar, write_idx
+from tests.support.files import make_idx_dir, write_cifar, write_idx
 
 BASE = ["--dataset", "digits", "--model", "logreg", "--steps", "5", "--no-progress", "--wan", "off"]
 
@@ -80,7 +80,7 @@ def _summary(tmp):
 
 
 def _mnist(tmp, *, n_train=12, gz=False, spoil=None):
-    """A small MNIST directory in the real IDX format (tests/datafiles.py), optionally spoiled."""
+    """A small MNIST directory in the real IDX format (tests/support/files.py), optionally spoiled."""
     d = tmp / "mnist-small"
     d.mkdir()
     make_idx_dir(d, gz=gz, n_train=n_train, n_test=5, rows=28, cols=28)
@@ -261,7 +261,7 @@ def test_table_has_at_least_30_cases_over_every_input_kind():
 @pytest.mark.integration
 @pytest.mark.parametrize("what", ["corrupt-checkpoint", "bad-topology"])
 def test_torchrun_bad_input_every_rank_exits_2_rank0_prints_once(tmp_path, what):
-    from tests.mp import run_torchrun
+    from tests.support.procs import run_torchrun
     out = tmp_path / "run"
     out.mkdir()
     (out / "notes.txt").write_text("keep\n")
@@ -334,7 +334,7 @@ TORCHRUN_CASES = [
 @pytest.mark.integration
 @pytest.mark.parametrize("case", TORCHRUN_CASES, ids=[c[0] for c in TORCHRUN_CASES])
 def test_torchrun_decode_port_and_size_errors_exit_2_on_every_rank(case, tmp_path):
-    from tests.mp import run_torchrun
+    from tests.support.procs import run_torchrun
     _, setup, needle, nproc = case
     out = tmp_path / "run"
     out.mkdir()

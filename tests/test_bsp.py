@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.mp import run_torchrun
+from tests.support.procs import run_torchrun
 
 COMMON = ["--dataset", "digits", "--model", "lenet", "--norm", "none", "--no-progress", "--wan", "off"]
 

@@ -227,7 +227,7 @@ def test_torchrun_sigkill_and_restart_equals_uninterrupted(tmp_path):
     """Issue 10: SIGKILL one rank of a 3-rank Gaia+SkewScout run mid-way (after step 23; checkpoints
     every 10) under torchrun --max-restarts 1: the restarted run resumes from step 20 and finishes
     with every rank's weights bit-identical to an uninterrupted run and the same ledger totals."""
-    from tests.mp import run_torchrun
+    from tests.support.procs import run_torchrun
     argv = ["--dataset", "digits", "--model", "logreg", "--no-progress", "--wan", "virtual", "--algo", "gaia", "--t0",
             "0.05", "--partition", "label", "--steps", "30", "--eval-every", "15", "--log-every", "5", "--skewscout",
             "--travel-every", "10", "--travel-samples", "50", "--checkpoint-every", "10", "--peer-timeout-s", "10"]

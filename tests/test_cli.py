@@ -82,7 +82,7 @@ def test_main_silent_on_other_ranks(capsys, monkeypatch):
 @pytest.mark.integration
 def test_torchrun_bad_flag_exit_2_message_printed_once():
     """Under torchrun every rank exits with 2 before any process group exists; only rank 0 speaks."""
-    from tests.mp import run_torchrun
+    from tests.support.procs import run_torchrun
     r = run_torchrun(3, ["--lr", "-1", "--dataset", "digits"], timeout_s=120)
     out = r.stdout + r.stderr
     assert r.returncode != 0

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from tests.mp import run_command
+from tests.support.procs import run_command
 
 
 @pytest.mark.integration

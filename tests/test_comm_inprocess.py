@@ -22,7 +22,7 @@ import torch
 
 from geodml.comm import Comm, CommError, CommTimeoutError, DistComm, InProcessComm, InProcessGroup, Ledger, RunComm
 from geodml.comm.topology import topology_from_dict
-from tests.harness import TWO_REGIONS, run_threads, scripted_exchange
+from tests.support.inprocess import TWO_REGIONS, paced_exchange, run_threads, scripted_exchange
 
 # Message sizes (msgpack envelope + payload, see tests/test_ledger.py::test_envelope_size_by_hand):
 # update uint8[10000]: 30 B envelope -> 10,030 B; uint8[20000] -> 20,030 B; control int64[1]: 37 B.
@@ -111,19 +111,7 @@ def test_real_mode_wall_time_follows_emulated_time():
 
     def fn(rank, comm):
         comm.meta_all_reduce(torch.zeros(1))  # start together
-        t0 = time.monotonic()
-        first = None
-        if rank == 0:
-            for i in range(5):
-                comm.send(1, "update", [np.zeros(50_000, np.uint8)], step=i)
-            comm.recv(1, "control", step=0)
-        else:
-            for i in range(5):
-                comm.recv(0, "update", step=i)
-                first = first or time.monotonic() - t0
-            comm.send(0, "control", [np.zeros(1, np.int64)], step=0)
-        comm.all_reduce(torch.zeros(100_000), "gradient")
-        return time.monotonic() - t0, comm.emulated_s, first
+        return paced_exchange(comm, rank)
 
     ack = 5 * 50_030 / 5e6 + 0.03 + 0.03 + 37 / 5e6
     expect = ack + 2 * (0.03 + 200_000 / 5e6)

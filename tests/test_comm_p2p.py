@@ -10,8 +10,8 @@
 
 import pytest
 
-from tests.harness import transport_group
-from tests.mp import run_workers
+from tests.support.inprocess import transport_group
+from tests.support.procs import run_workers
 
 KIND_LIST = ("update", "model", "control", "travel")
 

@@ -9,9 +9,9 @@ import textwrap
 
 import pytest
 
-from tests.harness import TWO_REGIONS
-from tests.harness import scripted_exchange as _script
-from tests.mp import run_workers
+from tests.support.inprocess import TWO_REGIONS
+from tests.support.inprocess import scripted_exchange as _script
+from tests.support.procs import run_workers
 
 
 def _scripted_exchange(rank, world, topology):
@@ -127,33 +127,17 @@ def test_bsp_all_reduce_charged_by_the_ring_model(scripted):
 
 
 def _real_mode(rank, world, topology):
-    import time
-
-    import numpy as np
-    import torch
     import torch.distributed as dist
 
     from geodml.comm import build_comm
     from geodml.config import CommConfig
+    from tests.support.inprocess import paced_exchange
 
     comm = build_comm(CommConfig(topology=topology, wan="real", timeout_s=20), rank=rank, world_size=world)
     dist.barrier()
-    t0 = time.monotonic()
-    first_arrival = None
-    if rank == 0:
-        for i in range(5):
-            comm.send(1, "update", [np.zeros(50_000, np.uint8)], step=i)
-        comm.recv(1, "control", step=0)
-    else:
-        for i in range(5):
-            comm.recv(0, "update", step=i)
-            first_arrival = first_arrival or time.monotonic() - t0
-        comm.send(0, "control", [np.zeros(1, np.int64)], step=0)
-    comm.all_reduce(torch.zeros(100_000), "gradient")
-    wall = time.monotonic() - t0
-    emulated = comm.emulated_s
+    out = paced_exchange(comm, rank)
     comm.close()
-    return wall, emulated, first_arrival
+    return out
 
 
 @pytest.mark.integration

@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from tests.mp import run_torchrun
+from tests.support.procs import run_torchrun
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")]

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -31,11 +30,11 @@ import pytest
 import torch
 
 from geodml.metrics.prometheus import file_sd_groups
-from tests.browser import Browser, chromium_binary
-from tests.debpkg import debian_binary
-from tests.mp import REPO, _env, _kill, free_port
-from tests.test_prometheus import CUDA_ONLY, DASHBOARD, PROM_CONFIG, _free_base, dashboard_exprs, promql_metrics_and_labels
-from tests.test_report import make_study
+from tests.support.browser import Browser, chromium_binary
+from tests.support.debpkg import debian_binary
+from tests.support.files import make_study
+from tests.support.monitoring import CUDA_ONLY, DASHBOARD, PROM_CONFIG, dashboard_exprs, free_base, promql_metrics_and_labels
+from tests.support.procs import REPO, _env, free_port, stop_gracefully
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("matplotlib", reason="matplotlib is in the test extra (pip install -e '.[test]')")
@@ -179,7 +178,7 @@ def live(tmp_path_factory):
         procs.append(subprocess.Popen(["bash", str(START_SH), str(out)], cwd=REPO, env=env, stdout=open(logs["prometheus"], "w"),
                                       stderr=subprocess.STDOUT, start_new_session=True))
         _wait("Prometheus to be ready", 30, lambda: _get(f"{prom}/-/ready", 1), logs["prometheus"])
-        base = _free_base(RANKS)
+        base = free_base(RANKS)
         # Prometheus applies new file_sd targets up to 5 s late, which would lose the first seconds of a
         # short run: write the targets file the run will write (same function, same ports and labels;
         # the topology's regions) and let Prometheus discover it before the run starts
@@ -269,16 +268,7 @@ def live(tmp_path_factory):
                 result["report"] = _render(browser, report, tmp / "report.png")
                 result["report_png"] = tmp / "report.png"
     finally:
-        for p in procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
-            time.sleep(0.1)
-        _kill(procs)
+        stop_gracefully(procs)
     return result
 
 

@@ -18,7 +18,7 @@ from geodml.data.datasets import (
     check_dataset_available,
     load_dataset,
 )
-from tests.datafiles import idx_bytes, make_idx_dir, write_cifar, write_idx
+from tests.support.files import idx_bytes, make_idx_dir, write_cifar, write_idx
 
 FASHION_DIR = Path(DEFAULT_DATA_DIRS["fashion-mnist"])
 FASHION_INSTALLED = all(any((FASHION_DIR / f"{base}{ext}").is_file() for ext in ("", ".gz")) for base in IDX_FILES)

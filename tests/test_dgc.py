@@ -19,7 +19,7 @@ from geodml.algorithms.topk import TopSelector, target_count
 from geodml.comm import InProcessGroup
 from geodml.comm.wire import envelope_nbytes
 from geodml.config import AlgoConfig
-from tests.mp import run_torchrun, run_workers
+from tests.support.procs import run_torchrun, run_workers
 
 # ---------------------------------------------------------------------------------------------
 # K partitions in one process (InProcessComm: what the real Comm charges for a point-to-point

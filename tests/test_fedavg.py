@@ -31,7 +31,7 @@ from geodml.algorithms.fedvc import FedVC, pps_inclusion_probabilities, systemat
 from geodml.algorithms.iwds import IWDS, iwds_beta, iwds_class_weights
 from geodml.comm.wire import envelope_nbytes
 from geodml.config import AlgoConfig, OptimConfig, RunConfig
-from tests.harness import kind_bytes, record_calls, run_threads
+from tests.support.inprocess import kind_bytes, record_calls, run_threads
 
 
 def _ctx(rank, counts, *, seed=0, total_steps=10_000, batch=4):
@@ -585,7 +585,7 @@ def test_torchrun_fedavg_identical_models_ring_bytes_and_diagnostic(tmp_path):
     """K=3, 0.5 epoch of ceil(1438/(3*20)) = 24 steps = 12 steps, Iter_Local 5: averages after
     steps 5 and 10 and (partial round) in finish() -> 3 ring all-reduces of 188,810 float32:
     3 * 2(K-1) * 188,810 * 4 B = 9,062,880 B, all kind model."""
-    from tests.mp import run_torchrun
+    from tests.support.procs import run_torchrun
 
     out = tmp_path / "run"
     r = run_torchrun(3, [*COMMON, "--algo", "fedavg", "--iter-local", "5", "--partition", "label", "--epochs", "0.5",
@@ -613,7 +613,7 @@ def test_torchrun_composed_variants_with_client_sampling(tmp_path):
     3 ranks x 2 pieces x 10 int64 = 480 B control; per round 2 point-to-point model messages
     (to the leader and back) of 188,810 float32, and per stale participant one download of
     w and v (2 x 188,810 float32); every message also carries a small envelope."""
-    from tests.mp import run_torchrun
+    from tests.support.procs import run_torchrun
 
     out = tmp_path / "run"
     r = run_torchrun(3, [*COMMON, "--algo", "fedavg", "--partition", "label", "--epochs", "0.5", "--client-fraction",

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from geodml.algorithms.base import AlgoContext, FlatParams
 from geodml.algorithms.gaia import Gaia
-from tests.mp import run_torchrun
+from tests.support.procs import run_torchrun
 
 COMMON = ["--dataset", "digits", "--model", "lenet", "--norm", "none", "--no-progress", "--wan", "off"]
 
@@ -199,7 +199,7 @@ def _gaia_bytes_worker(rank, world, steps):
 
 @pytest.mark.integration
 def test_update_bytes_are_entries_times_8_plus_envelope():
-    from tests.mp import run_workers
+    from tests.support.procs import run_workers
     res = run_workers("tests.test_gaia:_gaia_bytes_worker", 3, timeout_s=90, steps=10)
     for r in res:
         assert r["charged"] == r["expected"]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.mp import WorkerError, run_workers
+from tests.support.procs import WorkerError, run_workers
 
 
 def _sum_ranks(rank, world, scale=1):

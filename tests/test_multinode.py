@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.mp import REPO, _env, _kill, free_port, run_command
+from tests.support.procs import REPO, _env, _kill, free_port, run_command
 
 LAUNCH = REPO / "launch"
 JOB = ["--algo", "gaia", "--t0", "0.05", "--steps", "12", "--batch-size", "10", "--model", "mlp", "--wan", "virtual",

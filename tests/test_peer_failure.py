@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from geodml.peerwatch import FAULT_EXIT, PEER_LOST_EXIT, PeerWatch, looks_like_peer_loss
-from tests.mp import REPO, _env, _kill, free_port
+from tests.support.procs import REPO, _env, _kill, free_port
 
 PEER_TIMEOUT_S = 3.0
 SLACK_S = 8.0  # process scheduling on 2 busy cores, store round trips
@@ -188,7 +188,7 @@ def test_rank_killed_after_the_summary_does_not_fail_the_finished_job(tmp_path):
     --metrics-linger). torchrun --max-restarts 1 restarts the workers; they find the run finished
     and exit 0, so the job exits 0, and they change nothing in the run directory."""
     from geodml import rundir
-    from tests.mp import run_torchrun
+    from tests.support.procs import run_torchrun
     out = tmp_path / "run"
     argv = [*STARTUP_ARGV, "--steps", "20", "--out", str(out)]
     r = run_torchrun(2, argv, timeout_s=240, extra_torchrun=["--max-restarts", "1"],

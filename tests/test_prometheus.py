@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -39,16 +37,14 @@ from geodml.metrics.prometheus import (
     advertised_host,
     file_sd_groups,
 )
-from tests.debpkg import debian_binary
-from tests.mp import REPO, _env, _kill, free_port, run_workers
+from tests.support.debpkg import debian_binary
+from tests.support.monitoring import CUDA_ONLY, DASHBOARD, PROM_CONFIG, dashboard_exprs, free_base, promql_metrics_and_labels
+from tests.support.procs import REPO, _env, free_port, run_workers, stop_gracefully
 
-DASHBOARD = REPO / "launch/grafana/provisioning/dashboards/geodml.json"
 DATASOURCE = REPO / "launch/grafana/provisioning/datasources/geodml.yml"
 PROVIDER = REPO / "launch/grafana/provisioning/dashboards/geodml.yml"
-PROM_CONFIG = REPO / "launch/prometheus/prometheus.yml"
 LABELS = {"rank": "1", "region": "eu", "algo": "gaia", "run": "r1"}
 # Metrics that exist only when the rank uses a GPU.
-CUDA_ONLY = {"geodml_gpu_memory_allocated_bytes", "geodml_gpu_memory_reserved_bytes"}
 
 
 def _get(url: str, timeout: float = 5.0) -> bytes:
@@ -195,31 +191,11 @@ def _start_collective(rank: int, world: int, bases: list[int]):
     return results
 
 
-def _free_base(n: int) -> int:
-    for _ in range(50):
-        base = free_port()
-        if base + n > 65535:
-            continue
-        try:
-            socks = []
-            for p in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range")
-
-
 @pytest.mark.integration
 def test_exporters_start_together_or_fail_together():
-    bases = [_free_base(2)]
+    bases = [free_base(2)]
     while len(bases) < 2:  # two disjoint ranges: phase 2 never meets phase 1's closed sockets
-        b = _free_base(2)
+        b = free_base(2)
         if abs(b - bases[0]) >= 2:
             bases.append(b)
     results = run_workers("tests.test_prometheus:_start_collective", 2, timeout_s=60, bases=bases)
@@ -250,26 +226,6 @@ def test_metrics_flags():
 
 
 # ---- dashboard --------------------------------------------------------------------------------
-PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless", "offset"}
-GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)")
-
-
-def promql_metrics_and_labels(expr: str) -> tuple[set[str], set[str]]:
-    """Metric names and label names an expression uses (a small PromQL scanner)."""
-    e = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
-    labels = {lab.strip() for g in GROUPING.findall(e) for lab in g.split(",") if lab.strip()}
-    labels |= set(re.findall(r"([A-Za-z_][A-Za-z0-9_]*)\s*(?:=~|!~|!=|=)", " ".join(re.findall(r"\{([^}]*)\}", e))))
-    e = GROUPING.sub(" ", e)
-    e = re.sub(r"\{[^}]*\}|\[[^\]]*\]|\$\{?\w+\}?", " ", e)
-    names = {t for t, call in re.findall(r"([A-Za-z_:][A-Za-z0-9_:]*)\s*(\()?", e)
-             if not call and t not in PROMQL_WORDS}
-    return names, labels
-
-
-def dashboard_exprs(dash: dict) -> list[tuple[str, str]]:
-    return [(p["title"], t["expr"]) for p in dash["panels"] for t in p.get("targets", [])]
-
-
 def test_promql_scanner():
     names, labels = promql_metrics_and_labels(
         'sum by (a, b) (rate(m_total{x=~"$v", y!="q{z}"}[$__rate_interval])) / on (a) max by (a) (g)')
@@ -466,7 +422,7 @@ def test_real_prometheus_scrapes_a_run_through_the_targets_file(tmp_path):
                 return False
         _wait("Prometheus to be ready", 30, ready, procs[0], prom_log)
 
-        base = _free_base(3)
+        base = free_base(3)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=3", "--master_addr=127.0.0.1",
                f"--master_port={free_port()}", "-m", "geodml", "--algo", "gaia", "--dataset", "digits",
                "--partition", "label", "--model", "mlp", "--steps", "30", "--eval-every", "10", "--log-every", "5",
@@ -536,13 +492,4 @@ def test_real_prometheus_scrapes_a_run_through_the_targets_file(tmp_path):
         assert job.returncode == 0, log[-4000:]
         assert "metrics: exporters stay up 10 s" in log
     finally:
-        for p in procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
-            time.sleep(0.1)
-        _kill(procs)
+        stop_gracefully(procs)

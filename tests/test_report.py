@@ -4,11 +4,9 @@
 from __future__ import annotations
 
 import base64
-import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -25,36 +23,12 @@ from geodml.report import (
     write_html,
     write_report,
 )
-from tests.mp import REPO, _env
+from tests.support.files import make_run, make_study
+from tests.support.procs import REPO, _env
 
 pytest.importorskip("matplotlib", reason="matplotlib is in the test extra (pip install -e '.[test]')")
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def make_run(root: Path, name: str, algo: str, *, bytes_per_step: int, acc_gain: float, finished: bool = True,
-             counts=((50, 0, 5), (0, 40, 10))) -> Path:
-    d = root / name
-    d.mkdir(parents=True)
-    regions = ["eu", "us"]
-    (d / "config.json").write_text(json.dumps({"region_of_rank": regions, "config": {"algo": {"algo": algo},
-                                                                                     "data": {"partition": "label"}}}))
-    (d / "partitions.json").write_text(json.dumps({"label_counts": [list(c) for c in counts], "mean_entropy_bits": 0.6}))
-    lines = []
-    for step in range(10, 60, 10):
-        lines.append({"step": step, "emulated_s": step * 0.5, "train_loss": 1.0, "wan_bytes_total": step * bytes_per_step})
-        lines.append({"step": step, "accuracy_loss": 0.1, "theta": 0.2})  # a SkewScout line: no accuracy
-        lines.append({"step": step, "emulated_s": step * 0.5, "train_loss": 1.0, "wan_bytes_total": step * bytes_per_step,
-                      "val_accuracy": min(0.99, acc_gain * step)})
-    (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in lines) + "\n" + ('{"step": 6' if not finished else ""))
-    if finished:
-        total = 50 * bytes_per_step
-        (d / "summary.json").write_text(json.dumps({
-            "algo": algo, "final_val_accuracy": min(0.99, acc_gain * 50), "wan_bytes_total": total,
-            "bytes_by_link": {"eu->us": total // 2, "us->eu": total - total // 2, "eu->eu": 123},
-            "theta_name": "t0" if algo == "gaia" else None, "theta_final": 0.1 if algo == "gaia" else None,
-            "partition": "label", "skew": 1.0}))
-    return d
 
 
 def test_load_run_reads_the_contract(tmp_path):
@@ -98,26 +72,6 @@ def test_python_dash_m_entry_point_writes_into_the_run_dir(tmp_path):
 
 
 # ---- studies and the one-file HTML report ---------------------------------------------------------
-def make_study(root: Path) -> Path:
-    """A noniid study directory written by geodml.study itself (4 runs made here, reused, none launched)."""
-    from geodml.study import paper, runner
-
-    argv = ["--budget", "quick", "--algos", "gaia", "--nproc", "2", "--out", str(root / "study")]
-    _, _, cells = paper.prepare("noniid", argv)
-    quality = {"bsp-iid": (200_000, 0.018), "bsp-noniid-100": (200_000, 0.017), "gaia-t0-0.1-iid": (5_000, 0.017),
-               "gaia-t0-0.1-noniid-100": (4_000, 0.006)}
-    for c in cells:
-        per_step, gain = quality[c.spec.run_id]
-        counts = ((50, 0, 5), (0, 40, 10)) if "noniid" in c.setting else ((30, 20, 5), (25, 20, 5))
-        d = make_run(c.spec.out.parent, c.spec.out.name, c.algo, bytes_per_step=per_step, acc_gain=gain, counts=counts)
-        (d / "launch.json").write_text(json.dumps(runner.launch_record(c.spec)))
-
-    def no_launch(spec, stdout, stderr):
-        raise AssertionError(f"launched {spec.run_id}")
-    assert paper.noniid(argv, launcher=no_launch) == 0
-    return root / "study"
-
-
 def _self_contained(page: str) -> None:
     """No reference leaves the file: every src is a data: URI, no link, script or stylesheet elsewhere."""
     assert re.findall(r'\ssrc="([^"]*)"', page) and all(u.startswith("data:image/png;base64,")

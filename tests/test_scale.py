@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from geodml.data.datasets import load_dataset, load_dataset_cached, resolve_cache_dir
-from tests.datafiles import make_idx_dir
-from tests.mp import REPO, free_port, run_command, run_workers
+from tests.support.files import make_idx_dir
+from tests.support.procs import REPO, free_port, run_command, run_workers
 
 ARRAYS = ("train_x", "train_y", "test_x", "test_y")
 

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.mp import run_torchrun, run_workers
+from tests.support.procs import run_torchrun, run_workers
 
 C = 3  # classes = partitions
 

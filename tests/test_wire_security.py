@@ -21,7 +21,7 @@ import pytest
 import zmq
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from tests.harness import transport_group as _group
+from tests.support.inprocess import transport_group as _group
 
 _MID_COUNTER = 10**9  # message ids of hand-built messages (the real transports count from 0)
 

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.debpkg import debian_binary
+from tests.support.debpkg import debian_binary
 
 PACKAGES = ("chromium-headless-shell", "chromium")
 BINARIES = ("chromium-headless-shell", "chromium", "chromium-browser")

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 class WorkerError(AssertionError):
@@ -42,6 +42,21 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     if extra:
         env.update(extra)
     return env
+
+
+def stop_gracefully(procs: list[subprocess.Popen], grace_s: float = 10.0) -> None:
+    """SIGTERM every still-running process group, wait up to ``grace_s`` for them to exit (servers
+    flush, runs finish their teardown), then SIGKILL what is left."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        time.sleep(0.1)
+    _kill(procs)
 
 
 def _kill(procs: list[subprocess.Popen]) -> None:
@@ -84,7 +99,7 @@ def run_workers(target: str, world_size: int, *, timeout_s: float = 60.0, env: d
             e.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size),
                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "tests._worker", target, str(tmpd)], cwd=REPO, env=e,
+                [sys.executable, "-m", "tests.support.worker", target, str(tmpd)], cwd=REPO, env=e,
                 stdout=open(tmpd / f"out{rank}.txt", "w"), stderr=subprocess.STDOUT, start_new_session=True))
         try:
             finished = _wait_all(procs, timeout_s, fail_fast=not expect_fail)

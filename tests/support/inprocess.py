@@ -161,3 +161,28 @@ def transport_group(monkeypatch: Any, kw: list[dict[str, Any]]) -> list[Any]:
     [t.start() for t in threads]
     [t.join(timeout=30) for t in threads]
     return out
+
+
+def paced_exchange(comm: Any, rank: int) -> tuple[float, float, float | None]:
+    """The ``--wan real`` scenario of two ranks: rank 0 streams five 50,000-byte updates to rank 1,
+    which answers with one control message, then both all-reduce 100,000 floats. Returns (wall
+    seconds from the common start, emulated seconds, rank 1's first arrival or None). Callers start
+    the ranks together first (a barrier)."""
+    import time
+
+    import numpy as np
+    import torch
+
+    t0 = time.monotonic()
+    first = None
+    if rank == 0:
+        for i in range(5):
+            comm.send(1, "update", [np.zeros(50_000, np.uint8)], step=i)
+        comm.recv(1, "control", step=0)
+    else:
+        for i in range(5):
+            comm.recv(0, "update", step=i)
+            first = first or time.monotonic() - t0
+        comm.send(0, "control", [np.zeros(1, np.int64)], step=0)
+    comm.all_reduce(torch.zeros(100_000), "gradient")
+    return time.monotonic() - t0, comm.emulated_s, first
