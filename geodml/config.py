@@ -344,6 +344,9 @@ class RunConfig:
     metrics_linger_s: float = opt(10.0, flag="--metrics-linger", group="metrics", metavar="S",
                                   help="seconds the exporters stay up after the run so Prometheus scrapes the final "
                                   "values (with --metrics-port)")
+    partitions: int | None = opt(None, metavar="P", help="data partitions; with one process, P partitions run as P "
+                                 "threads of it (in-process messages, charged exactly as sent; docs/launch.md)",
+                                 default_text="the number of processes")
 
     def __post_init__(self) -> None:
         _check(isinstance(self.seed, int) and self.seed >= 0,
@@ -363,6 +366,9 @@ class RunConfig:
                f"--metrics-host must be an address such as 127.0.0.1 or 0.0.0.0, got {self.metrics_host!r}")
         _check(_finite(self.metrics_linger_s) and self.metrics_linger_s >= 0,
                f"--metrics-linger must be >= 0 seconds, got {self.metrics_linger_s!r}")
+        _check(self.partitions is None or (isinstance(self.partitions, int) and not isinstance(self.partitions, bool)
+                                           and self.partitions >= 1),
+               f"--partitions must be an integer >= 1, got {self.partitions!r}")
         _check(not self.skewscout.enabled or self.algo.algo in KNOB_ALGOS,
                f"--skewscout tunes a communication knob; --algo {self.algo.algo} has none "
                f"(use {', '.join(KNOB_ALGOS[:-1])} or {KNOB_ALGOS[-1]})")

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from geodml.metrics.prometheus import RankExporter
     from geodml.metrics.sinks import Sink
     from geodml.skewscout import SkewScout
-    from geodml.trainer import Trainer
+    from geodml.trainer import EvalCache, Trainer
 
 
 @dataclass(frozen=True)
@@ -143,8 +143,10 @@ def _rank0_sinks(cfg: RunConfig, out: Path, total_steps: int) -> Sink:
 
 
 def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: torch.device, stack: ExitStack,
-                startup: Startup) -> Parts:
-    """Build every part of this rank's run (collective: every rank calls it in the same order)."""
+                startup: Startup, comm: RunComm | None = None, eval_cache: EvalCache | None = None) -> Parts:
+    """Build every part of this rank's run (collective: every rank calls it in the same order).
+    ``env`` is the partition's view (rank = partition, world size = partitions); ``comm``, when
+    given, is the partition's in-process Comm (geodml.run hosts several partitions in one process)."""
     from geodml.algorithms import AlgoContext, FlatParams, build_algorithm
     from geodml.checkpoint import Checkpointer, find_resume_step, fingerprint, resume_requested, truncate_metrics
     from geodml.comm import build_comm
@@ -156,8 +158,9 @@ def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: 
     from geodml.trainer import Schedule, TrainData, Trainer, steps_per_epoch
 
     rank, world, is0 = env.rank, env.world_size, env.rank == 0
-    comm = build_comm(cfg.comm, rank=rank, world_size=world, device=collective_device(pre.backend),
-                      topology=pre.topology)
+    if comm is None:
+        comm = build_comm(cfg.comm, rank=rank, world_size=world, device=collective_device(pre.backend),
+                          topology=pre.topology)
     stack.callback(comm.close)
     startup.lap("zmq_mesh_s")
     exporter = _start_exporter(cfg, env, comm, out, device, stack)
@@ -217,7 +220,7 @@ def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: 
     schedule = Schedule(optim=cfg.optim, total_steps=total_steps, steps_per_epoch=spe, eval_every=cfg.eval_every,
                         log_every=cfg.log_every, seed=cfg.seed)
     trainer = Trainer(model=model, flat=flat, algo=algo, comm=comm, data=data, schedule=schedule, sink=sink,
-                      skewscout=skewscout, step_hooks=step_hooks)
+                      skewscout=skewscout, step_hooks=step_hooks, eval_cache=eval_cache)
     if resume_step is not None:
         checkpointer.restore(trainer, resume_step)
         if is0:

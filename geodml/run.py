@@ -11,6 +11,7 @@ geodml.parts'.
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import threading
 import time
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 
 from geodml import rundir
+from geodml.comm.api import CommError
 from geodml.config import RunConfig
 from geodml.parts import Parts, Preflight, Startup, build_parts
 from geodml.runtime import Env
@@ -49,23 +51,42 @@ def preflight(cfg: RunConfig, env: Env, *, data: bool = True) -> Preflight:
     from geodml.runtime import resolve_backend
 
     backend = resolve_backend(cfg.backend, env.local_world_size, cfg.device)
-    if cfg.skewscout.enabled and env.world_size < 2:
+    partitions = check_partitions(cfg, env)
+    if cfg.skewscout.enabled and partitions < 2:
         raise ValueError("--skewscout travels models between partitions: run at least 2 processes (torchrun --nproc_per_node=K)")
     rundir.check_out_dir(cfg.out, restarting=restarting())
     check_dataset_available(cfg.data.dataset, cfg.data.data_dir)
     topology = load_topology(cfg.comm.topology)
-    regions = topology.placement(env.world_size)
-    check_checkpoints(cfg, env.world_size)  # --resume/--checkpoint-every flags and checkpoint files
+    regions = topology.placement(partitions)
+    check_checkpoints(cfg, partitions)  # --resume/--checkpoint-every flags and checkpoint files
     if cfg.metrics_port:
         _check_metrics_ports(cfg.metrics_port, cfg.metrics_host, env.local_world_size)
     if not data:
         rundir.check_not_crashed(cfg.out, resume=resume_requested(cfg))
         return Preflight(backend=backend, topology=topology, region_of_rank=regions, dataset=None, partitions=[])
     t0 = time.monotonic()
-    dataset, partitions = _load_and_partition(cfg, env.world_size)
+    dataset, parts = _load_and_partition(cfg, partitions)
     rundir.check_not_crashed(cfg.out, resume=resume_requested(cfg))
-    return Preflight(backend=backend, topology=topology, region_of_rank=regions, dataset=dataset, partitions=partitions,
+    return Preflight(backend=backend, topology=topology, region_of_rank=regions, dataset=dataset, partitions=parts,
                      data_s=time.monotonic() - t0)
+
+
+def check_partitions(cfg: RunConfig, env: Env) -> int:
+    """The number of partitions P (``--partitions``, default the number of processes R). P = R: one
+    partition per process. P > R = 1: the process hosts all P as threads over an in-process Comm.
+    P > R > 1 (partitions spread over several processes) is not built yet: a clear error."""
+    partitions = cfg.partitions or env.world_size
+    if partitions < env.world_size:
+        raise ValueError(f"--partitions {partitions} is fewer than the {env.world_size} processes; every process "
+                         "hosts at least one partition: use --partitions >= the number of processes")
+    if partitions > env.world_size > 1:
+        raise ValueError(f"--partitions {partitions} over {env.world_size} processes is not supported yet: hosting "
+                         "several partitions per process works in one process (python -m geodml --partitions P) or "
+                         "with one partition per process (torchrun --nproc_per_node=P)")
+    if partitions > env.world_size and cfg.metrics_port:
+        raise ValueError(f"--metrics-port with --partitions {partitions} in one process is not supported yet (one "
+                         "exporter per process, labelled by partition, is still to come); leave --metrics-port 0")
+    return partitions
 
 
 def _check_metrics_ports(base: int, host: str, local_world_size: int) -> None:
@@ -141,11 +162,13 @@ def _peer_watch(cfg: RunConfig, env: Env) -> Iterator[None]:
 
 
 def run(cfg: RunConfig, env: Env, pre: Preflight | None = None) -> dict | None:
-    """Train one partition per process; returns the summary on rank 0 (None elsewhere)."""
+    """Train this process's partitions; returns the summary on rank 0 (None elsewhere)."""
     from geodml.peerwatch import fault_point
     from geodml.runtime import agree_on_out_dir, destroy_process_group, init_process_group, rendezvous, seed_everything
 
     pre = pre or preflight(cfg, env)
+    if len(pre.partitions) > env.world_size:  # (a flag-only preflight has none: it never runs)
+        return _run_hosted(cfg, env, pre)
     wall_t0 = time.monotonic()
     startup = Startup()  # per-rank start-up breakdown -> rank<k>/startup.json (docs/launch.md)
     torch.set_num_threads(cfg.threads)
@@ -170,6 +193,65 @@ def run(cfg: RunConfig, env: Env, pre: Preflight | None = None) -> dict | None:
             fault_point("finished", env.rank, out)
             return summary
     return None  # not reached: the with block returns or raises
+
+
+def _run_hosted(cfg: RunConfig, env: Env, pre: Preflight) -> dict | None:
+    """One process hosts all P partitions, one thread each, over an in-process Comm
+    (geodml.comm.inprocess): the same parts, trainer and run directory as P processes, and the
+    same bytes, messages and emulated seconds charged, with no socket and one torch per machine.
+    Partition p's thread is "rank p" of the run; partition 0 writes the run directory."""
+    import threading
+    from pathlib import Path
+
+    from geodml.comm import InProcessGroup
+    from geodml.runtime import default_out_dir, destroy_process_group, init_process_group
+    from geodml.trainer import EvalCache
+
+    torch.set_num_threads(cfg.threads)
+    P = len(pre.partitions)
+    wall_t0 = time.monotonic()
+    out = Path(cfg.out or default_out_dir(cfg.algo.algo))
+    # The P partitions share this process's cores, so a wait on a peer may last as long as the
+    # others' work in turn: the bound on any wait (--comm-timeout) is scaled by P. A peer cannot be
+    # lost here (one process); the bound catches a bug, not a failure.
+    group = InProcessGroup.from_config(dataclasses.replace(cfg.comm, timeout_s=cfg.comm.timeout_s * P), P,
+                                       topology=pre.topology)
+    summaries: list[dict | None] = [None] * P
+    eval_cache = EvalCache()  # partitions holding the same model are evaluated once
+    errors: list[BaseException] = []
+
+    def partition(p: int) -> None:
+        penv = Env(rank=p, world_size=P, local_rank=p, local_world_size=P, under_torchrun=False)
+        startup = Startup()
+        try:
+            with ExitStack() as stack:
+                parts = build_parts(cfg, penv, pre, out=out, device=torch.device("cpu"), stack=stack, startup=startup,
+                                    comm=group.comm(p), eval_cache=eval_cache)
+                startup.lap("model_s")
+                startup.done()
+                result = parts.trainer.run()
+                parts.sink.close()
+                summaries[p] = _finish(cfg, penv, parts, result, wall_t0=wall_t0, startup=startup)
+        except BaseException as exc:  # noqa: BLE001 -- re-raised in the main thread
+            errors.append(exc)
+            group.abort(f"partition {p} failed: {type(exc).__name__}: {exc}")
+
+    init_process_group(env, pre.backend, cfg.comm.timeout_s, cfg.device)  # a one-process group: nothing uses it
+    try:
+        threads = [threading.Thread(target=partition, args=(p,), name=f"geodml-partition-{p}") for p in range(P)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        group.close()
+        destroy_process_group()
+    if errors:
+        first = next((e for e in errors if not isinstance(e, CommError)), errors[0])
+        if isinstance(first, ValueError):
+            raise InputError(str(first)) from None
+        raise first
+    return summaries[0]
 
 
 def _finish(cfg: RunConfig, env: Env, parts: Parts, result: dict, *, wall_t0: float, startup: Startup) -> dict | None:

@@ -217,8 +217,15 @@ def _vs_bsp_line(summary: Mapping[str, Any]) -> str:
 def done_text(summary: Mapping[str, Any], out: Path) -> str:
     """The lines rank 0 prints when the run has finished."""
     from geodml.metrics.sinks import human_bytes
+    per = summary["per_rank_val_accuracy"]
+    if len(per) <= 16:
+        shown = f"per partition {', '.join(f'{a:.3f}' for a in per)}"
+    else:  # summary.json has every partition's
+        ordered = sorted(per)
+        shown = (f"per partition min {ordered[0]:.3f}, median {ordered[len(ordered) // 2]:.3f}, max {ordered[-1]:.3f} "
+                 f"over {len(per)}")
     return (f"done: final val accuracy {summary['final_val_accuracy']:.4f} ({summary['final_model']} model; "
-            f"per partition {', '.join(f'{a:.3f}' for a in summary['per_rank_val_accuracy'])}), "
+            f"{shown}), "
             f"WAN bytes {human_bytes(summary['wan_bytes_total'])} ({summary['wan_bytes_total']:,} B), "
             f"emulated {summary['emulated_seconds']:.1f} s, wall {summary['wall_seconds']:.1f} s\n"
             f"{_vs_bsp_line(summary)}"

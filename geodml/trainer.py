@@ -15,7 +15,10 @@ emulator's bookkeeping, not traffic of the emulated system.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
+import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -85,18 +88,63 @@ def learning_rate(cfg: OptimConfig, step: int, spe: int, total_steps: int) -> fl
     return cfg.lr * (0.1 ** drops)
 
 
+# Evaluations at once in this process: partitions hosted as threads would otherwise hold one
+# 1000-example batch of activations each (hundreds of MB apiece for LeNet on 28x28 images).
+_EVAL_SLOTS = threading.BoundedSemaphore(max(1, os.cpu_count() or 1))
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 1000) -> tuple[int, float]:
     """(correct count, summed loss) of ``model`` in eval mode on (x, y)."""
     was_training = model.training
     model.eval()
     correct, loss_sum = 0, 0.0
-    for i in range(0, len(y), batch):
-        logits = model(x[i:i + batch])
-        correct += int((logits.argmax(1) == y[i:i + batch]).sum())
-        loss_sum += float(F.cross_entropy(logits, y[i:i + batch], reduction="sum"))
+    with _EVAL_SLOTS:
+        for i in range(0, len(y), batch):
+            logits = model(x[i:i + batch])
+            correct += int((logits.argmax(1) == y[i:i + batch]).sum())
+            loss_sum += float(F.cross_entropy(logits, y[i:i + batch], reduction="sum"))
     model.train(was_training)
     return correct, loss_sum
+
+
+class EvalCache:
+    """Results of evaluating a model on the test set, by the exact bytes of its weights and
+    buffers, shared by the partitions one process hosts: partitions that hold the same model
+    (FedAvg's participants after an average, non-participants holding the same stale model) are
+    evaluated once. Identical bytes give identical results on the CPU, so nothing is approximated."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._results: dict[bytes, tuple[int, float]] = {}
+        self._pending: dict[bytes, threading.Event] = {}  # being evaluated by another partition now
+
+    @staticmethod
+    def key(model: nn.Module) -> bytes:
+        h = hashlib.blake2b(digest_size=32)
+        for t in model.state_dict().values():
+            h.update(t.detach().cpu().contiguous().numpy().tobytes())
+        return h.digest()
+
+    def evaluate(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[int, float]:
+        key = self.key(model)
+        while True:
+            with self._lock:
+                if key in self._results:
+                    return self._results[key]
+                pending = self._pending.get(key)
+                if pending is None:  # this partition evaluates it; the others holding it wait
+                    self._pending[key] = threading.Event()
+                    break
+            pending.wait()
+        try:
+            result = evaluate(model, x, y)
+            with self._lock:
+                self._results[key] = result
+            return result
+        finally:
+            with self._lock:
+                self._pending.pop(key).set()
 
 
 @dataclass
@@ -147,8 +195,9 @@ class Trainer:
 
     def __init__(self, *, model: nn.Module, flat: FlatParams, algo: Algorithm, comm: RunComm, data: TrainData,
                  schedule: Schedule, sink: Sink | None = None, skewscout: SkewScout | None = None,
-                 step_hooks: Sequence[Callable[[Trainer], None]] = ()) -> None:
+                 step_hooks: Sequence[Callable[[Trainer], None]] = (), eval_cache: EvalCache | None = None) -> None:
         self.rank, self.world_size = comm.rank, comm.world_size
+        self.eval_cache = eval_cache  # shared by the partitions of one process (geodml.run hosts them)
         self.model, self.flat, self.algo, self.comm, self.optim = model, flat, algo, comm, schedule.optim
         self.train_x, self.train_y, self.test_x, self.test_y = data.train_x, data.train_y, data.test_x, data.test_y
         self.sampler = BatchSampler(data.local_indices, schedule.optim.batch_size, schedule.seed, self.rank)
@@ -334,7 +383,10 @@ class Trainer:
     def _finish(self, lr: float) -> dict:
         final = self._log(lr, with_eval=True)
         # Each partition's own model: on the whole test set, and on its own training data.
-        own_correct, _ = evaluate(self.model, self.test_x, self.test_y)
+        if self.eval_cache is not None:
+            own_correct, _ = self.eval_cache.evaluate(self.model, self.test_x, self.test_y)
+        else:
+            own_correct, _ = evaluate(self.model, self.test_x, self.test_y)
         local = torch.from_numpy(self.sampler.indices).to(self.train_x.device)
         train_correct, _ = evaluate(self.model, self.train_x[local], self.train_y[local])
         per_rank = self.comm.meta_all_gather_object((own_correct / len(self.test_y), train_correct / len(local)))

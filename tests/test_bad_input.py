@@ -217,6 +217,9 @@ CASES = [
     ("out-through-a-file", lambda t: ["--out", str(t / "run" / "notes.txt" / "sub")], "notes.txt is a file, not a directory"),
     ("out-read-only", lambda t: ["--out", "/sys/geodml-test-run"], "cannot be written: /sys is not writable"),
     ("out-crashed-run", _crashed, "holds an unfinished run (config.json and metrics.jsonl, no summary.json, no checkpoint)"),
+    ("partitions-zero", lambda t: ["--partitions", "0"], "--partitions must be an integer >= 1"),
+    ("partitions-with-metrics", lambda t: ["--partitions", "3", "--metrics-port", "9400"],
+     "--metrics-port with --partitions 3 in one process is not supported yet"),
     ("toml-seed-float", lambda t: _toml(t, "seed = 1.5\n"), "seed = 1.5 is a float; expected an integer"),
     ("toml-topology-int", lambda t: _toml(t, "topology = 3\n"), "topology = 3 is an integer; expected a string"),
 ]
@@ -295,6 +298,12 @@ ENV_CASES = [
      "must be integers"),
     ("env-local-rank-beyond", {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2",
                                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}, "LOCAL_RANK=2 is not in"),
+    ("env-fewer-partitions-than-processes", {"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1",
+                                             "MASTER_PORT": "29500", "GEODML_TEST_ARGV": "--partitions 2"},
+     "--partitions 2 is fewer than the 3 processes"),
+    ("env-partitions-over-processes", {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                                       "MASTER_PORT": "29500", "GEODML_TEST_ARGV": "--partitions 6"},
+     "--partitions 6 over 2 processes is not supported yet"),
     ("env-more-processes-than-samples", {"RANK": "0", "WORLD_SIZE": "20", "MASTER_ADDR": "127.0.0.1",
                                          "MASTER_PORT": "29500"}, "cannot split 12 samples into 20 partitions"),
 ]
@@ -305,13 +314,15 @@ def test_torchrun_leftovers_and_world_size_are_named(case, tmp_path, capsys, mon
     _, env, needle = case
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(var, raising=False)
+    extra = env.get("GEODML_TEST_ARGV", "").split()
     for var, value in env.items():
-        monkeypatch.setenv(var, value)
+        if var != "GEODML_TEST_ARGV":
+            monkeypatch.setenv(var, value)
     out = tmp_path / "run"
     out.mkdir()
     (out / "notes.txt").write_text("keep\n")
     before = _snapshot(out)
-    argv = [*BASE, "--out", str(out), *_mnist(tmp_path, n_train=12)]
+    argv = [*BASE, "--out", str(out), *_mnist(tmp_path, n_train=12), *extra]
     capsys.readouterr()
     assert main(argv) == 2
     err = capsys.readouterr().err

@@ -82,9 +82,11 @@ class InProcessGroup:
                                      max_message_bytes=max_message_bytes) for r in range(world_size)]
 
     @classmethod
-    def from_config(cls, cfg: CommConfig, world_size: int) -> InProcessGroup:
-        """The group :func:`geodml.comm.build_comm` would build for ``cfg`` (sockets aside)."""
-        return cls(world_size, topology=cfg.topology, wan=cfg.wan, wan_scale=cfg.wan_scale, timeout_s=cfg.timeout_s,
+    def from_config(cls, cfg: CommConfig, world_size: int, *, topology: Topology | None = None) -> InProcessGroup:
+        """The group :func:`geodml.comm.build_comm` would build for ``cfg`` (sockets aside);
+        ``topology``: the already-loaded ``cfg.topology``, when the caller has it."""
+        return cls(world_size, topology=topology if topology is not None else cfg.topology, wan=cfg.wan,
+                   wan_scale=cfg.wan_scale, timeout_s=cfg.timeout_s,
                    max_message_bytes=int(cfg.max_message_mb * 1024 * 1024))
 
     def comm(self, rank: int) -> InProcessComm:

@@ -14,6 +14,7 @@ the global RNG streams that data loading or dropout may rely on.
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
 from torch import nn
@@ -38,6 +39,9 @@ def _construct(name: str, norm: str, input_shape: tuple[int, int, int], num_clas
     if name == "logreg":
         return LogisticRegression(in_features, num_classes)
     return MLP(in_features, num_classes)
+
+
+_GLOBAL_RNG_LOCK = threading.Lock()
 
 
 def build_model(name: str, norm: str, input_shape: tuple[int, int, int], num_classes: int, *,
@@ -81,7 +85,9 @@ def build_model(name: str, norm: str, input_shape: tuple[int, int, int], num_cla
     # (restored on exit) and seed only the CPU generator: torch.manual_seed would also reseed
     # every CUDA device, which fork_rng(devices=[]) does not restore. Weights are created on
     # the CPU, so the CPU generator alone determines them.
-    with torch.random.fork_rng(devices=[]):
+    # The generator is the process's: partitions hosted as threads of one process build their
+    # models one at a time, so each gets exactly the weights it gets in a process of its own.
+    with _GLOBAL_RNG_LOCK, torch.random.fork_rng(devices=[]):
         torch.default_generator.manual_seed(generator_seed)
         return _construct(name, norm, shape, num_classes)
 
