@@ -64,6 +64,7 @@ class ChargedComm(ABC):
 
     def __init__(self, *, rank: int, world_size: int, region_of_rank: Sequence[str],
                  topology: Topology | None = None, wan: str = "off", wan_scale: float = 1.0,
+                 links: list[list[WanLink | None]] | None = None,
                  timeout_s: float = 60.0) -> None:
         assert wan in WAN_MODES, wan  # validated by geodml.config.CommConfig
         if wan != "off" and topology is None:
@@ -79,7 +80,9 @@ class ChargedComm(ABC):
         self.topology = topology.scaled(wan_scale) if topology is not None else None
         self.ledger = Ledger(rank, self.region_of_rank)
         self._timed = wan in ("virtual", "real")
-        self._links = rank_links(self.topology, self.region_of_rank) if self.topology is not None else None
+        if links is None and self.topology is not None:
+            links = rank_links(self.topology, self.region_of_rank)
+        self._links = links  # [src][dst]; shared by the ranks of an in-process group (P x P, built once)
         self._pacing = LinkPacing(wan, self._links[rank] if self._links is not None else [None] * world_size)
         self._closed = False
 

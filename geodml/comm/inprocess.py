@@ -41,7 +41,7 @@ import torch
 from geodml.comm.api import CommError, CommTimeoutError
 from geodml.comm.charged import ChargedComm
 from geodml.comm.pacing import Pacer, Target
-from geodml.comm.topology import Topology, load_topology
+from geodml.comm.topology import Topology, WanLink, load_topology, rank_links
 from geodml.comm.wire import DEFAULT_MAX_MESSAGE_BYTES, Incoming, Outgoing, describe
 
 if TYPE_CHECKING:
@@ -78,8 +78,9 @@ class InProcessGroup:
         self._scratch: dict[tuple, torch.Tensor] = {}  # combined tensors, reused per (shape, dtype, device)
         self._error: CommError | None = None  # set once: the group is broken
         self._mailboxes = [_Mailbox() for _ in range(world_size)]
+        links = rank_links(topo.scaled(wan_scale), self.region_of_rank)  # once for the group, not per rank
         self._comms = [InProcessComm(self, r, topology=topo, wan=wan, wan_scale=wan_scale,
-                                     max_message_bytes=max_message_bytes) for r in range(world_size)]
+                                     max_message_bytes=max_message_bytes, links=links) for r in range(world_size)]
 
     @classmethod
     def from_config(cls, cfg: CommConfig, world_size: int, *, topology: Topology | None = None) -> InProcessGroup:
@@ -247,9 +248,9 @@ class InProcessComm(ChargedComm):
     one thread that drives every rank in turn: sends never wait for the receiver)."""
 
     def __init__(self, group: InProcessGroup, rank: int, *, topology: Topology, wan: str, wan_scale: float,
-                 max_message_bytes: int) -> None:
+                 max_message_bytes: int, links: list[list[WanLink | None]] | None = None) -> None:
         super().__init__(rank=rank, world_size=group.world_size, region_of_rank=group.region_of_rank,
-                         topology=topology, wan=wan, wan_scale=wan_scale, timeout_s=group.timeout_s)
+                         topology=topology, wan=wan, wan_scale=wan_scale, timeout_s=group.timeout_s, links=links)
         self._group = group
         self.max_message_bytes = max_message_bytes
         self._pacer: Pacer | None = Pacer(name=f"geodml-inprocess-pacer-{rank}") if wan == "real" else None

@@ -233,7 +233,11 @@ def load_topology(name_or_path: str | None) -> Topology:
 def rank_links(topology: Topology, region_of_rank: Sequence[str]) -> list[list[WanLink | None]]:
     """``links[s][d]``: the link from rank s to rank d under ``topology`` (None on the diagonal)."""
     k = len(region_of_rank)
-    return [[topology.link(region_of_rank[s], region_of_rank[d]) if s != d else None for d in range(k)]
+    pair: dict[tuple[str, str], WanLink] = {}  # one lookup per pair of regions, not per pair of ranks
+    for a in set(region_of_rank):
+        for b in set(region_of_rank):
+            pair[(a, b)] = topology.link(a, b)
+    return [[pair[(region_of_rank[s], region_of_rank[d])] if s != d else None for d in range(k)]
             for s in range(k)]
 
 

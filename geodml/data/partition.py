@@ -319,13 +319,20 @@ def partition_report(labels: np.ndarray, parts: list[np.ndarray], num_classes: i
     }
 
 
-def format_partition_table(report: dict, *, top_classes: int = 3) -> str:
-    """A compact table: one row per partition with size, entropy and its ``top_classes`` largest classes."""
+def format_partition_table(report: dict, *, top_classes: int = 3, max_rows: int = 20) -> str:
+    """A compact table: one row per partition with size, entropy and its ``top_classes`` largest
+    classes; beyond ``max_rows`` partitions, the first and last few rows (partitions.json has all)."""
     sizes, entropies, counts = report["sizes"], report["entropy_bits"], report["label_counts"]
     width_k = max(len("part"), len(str(max(len(sizes) - 1, 0))))
     width_n = max(len("size"), *(len(str(n)) for n in sizes)) if sizes else len("size")
     lines = [f"{'part':>{width_k}}  {'size':>{width_n}}  H[bits]  top classes (label:count)"]
-    for k, (size, h, row) in enumerate(zip(sizes, entropies, counts)):
+    shown = list(range(len(sizes)))
+    if len(sizes) > max_rows:
+        shown = shown[: max_rows - 5] + shown[-5:]
+    for k in shown:
+        size, h, row = sizes[k], entropies[k], counts[k]
+        if len(shown) < len(sizes) and k == shown[-5]:
+            lines.append(f"{'...':>{width_k}}  ({len(sizes) - len(shown)} more partitions in partitions.json)")
         present = sorted(((n, c) for c, n in enumerate(row) if n > 0), key=lambda t: (-t[0], t[1]))
         top = " ".join(f"{c}:{n}" for n, c in present[:top_classes])
         more = f" +{len(present) - top_classes} more" if len(present) > top_classes else ""
