@@ -33,7 +33,10 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from geodml.trainer import Trainer
 
 PEER_LOST_EXIT = 3
 """Exit status of a rank that stops because a peer was lost."""
@@ -278,7 +281,7 @@ def _die(rank: int, where: str, how: str) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def fault_hook_from_env(rank: int) -> Callable[[Any], None] | None:
+def fault_hook_from_env(rank: int) -> Callable[[Trainer], None] | None:
     """The ``GEODML_FAULT`` test hook for this rank's steps (None when unset, for another rank, or for
     a fault ``at`` a point of the run instead of a step: :func:`fault_point`)."""
     kv = _fault_spec(rank)
@@ -286,7 +289,7 @@ def fault_hook_from_env(rank: int) -> Callable[[Any], None] | None:
         return None
     at_step, how = int(kv["step"]), kv.get("how", "kill")
 
-    def hook(trainer: Any) -> None:
+    def hook(trainer: Trainer) -> None:
         if trainer.state.step == at_step:
             _die(rank, f"after step {at_step}", how)
 

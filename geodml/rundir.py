@@ -24,7 +24,11 @@ import os
 import platform
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from geodml.algorithms.base import Algorithm
+    from geodml.config import RunConfig
 
 CONFIG = "config.json"
 PARTITIONS = "partitions.json"
@@ -164,8 +168,8 @@ def check_not_crashed(out: Path | str | None, *, resume: bool) -> None:
                          "pass --resume to start it afresh there (metrics.jsonl is rewritten), or choose another --out")
 
 
-def make_summary(cfg: Any, *, world_size: int, result: Mapping[str, Any], totals: Mapping[str, Any], emulated_s: float,
-                 wall_s: float, steps: int, steps_per_epoch: int, bsp_bytes: int, algo: Any,
+def make_summary(cfg: RunConfig, *, world_size: int, result: Mapping[str, Any], totals: Mapping[str, Any], emulated_s: float,
+                 wall_s: float, steps: int, steps_per_epoch: int, bsp_bytes: int, algo: Algorithm,
                  skewscout: Mapping[str, Any]) -> dict[str, Any]:
     """summary.json: the run's final numbers (DESIGN.md lists the keys tests and tools rely on).
 

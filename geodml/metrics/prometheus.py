@@ -36,10 +36,15 @@ import socket
 import sys
 import threading
 from socketserver import ThreadingMixIn
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from geodml.metrics.sinks import Sink
+
+if TYPE_CHECKING:
+    from geodml.algorithms.base import Algorithm
+    from geodml.comm.api import RunComm
+    from geodml.trainer import TrainState
 
 COMMON_LABELS = ("rank", "region", "algo", "run")
 LINK_LABELS = COMMON_LABELS + ("src_region", "dst_region", "kind")
@@ -126,9 +131,9 @@ class _Collector:
         for reason, count in (x._read(x.wire_rejected, {}) or {}).items():
             put("geodml_wire_rejected_messages_total", count, [reason])
         state = x.state
-        put("geodml_steps_total", getattr(state, "step", 0) if state is not None else 0)
+        put("geodml_steps_total", state.step if state is not None else 0)
         if state is not None:
-            put("geodml_train_loss", getattr(state, "local_train_loss", None))
+            put("geodml_train_loss", state.local_train_loss)
         put("geodml_validation_accuracy", x.values.get("validation_accuracy"))
         put("geodml_skewscout_accuracy_loss",
             x._read(x.accuracy_loss) if x.accuracy_loss is not None else x.values.get("skewscout_accuracy_loss"))
@@ -180,8 +185,8 @@ class RankExporter(Sink):
         self.emulated_s = emulated_s
         self.wire_rejected = wire_rejected  # reason -> dropped ZeroMQ messages (Comm.wire_rejected)
         self.device = device
-        self.state: Any = None
-        self.algo: Any = None
+        self.state: TrainState | None = None
+        self.algo: Algorithm | None = None
         self.accuracy_loss: Callable[[], float | None] | None = None
         self.values: dict[str, float] = {}
         self.address: str | None = None
@@ -198,7 +203,7 @@ class RankExporter(Sink):
         self.registry.register(_Collector(self))
 
     # ---- sources -----------------------------------------------------------------------
-    def watch(self, *, state: Any = None, algo: Any = None,
+    def watch(self, *, state: TrainState | None = None, algo: Algorithm | None = None,
               accuracy_loss: Callable[[], float | None] | None = None) -> None:
         """Attach the trainer's state (``step``, ``local_train_loss``), the algorithm (its
         ``knob``: name and value) and SkewScout's per-rank accuracy loss (a callable; None = not measured)."""
@@ -292,7 +297,7 @@ def _target(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def start_rank_exporter(comm: Any, *, rank: int, local_rank: int, base_port: int, host: str, run: str, algo: str,
+def start_rank_exporter(comm: RunComm, *, rank: int, local_rank: int, base_port: int, host: str, run: str, algo: str,
                         device: Any = None) -> tuple[RankExporter, list[str]]:
     """Start this rank's exporter on ``base_port + local_rank``; collective over ``comm`` (uncharged).
 
@@ -302,7 +307,7 @@ def start_rank_exporter(comm: Any, *, rank: int, local_rank: int, base_port: int
     region = comm.region_of_rank[rank]
     exporter = RankExporter(labels={"rank": rank, "region": region, "algo": algo, "run": run},
                             ledger_rows=comm.ledger.rows, emulated_s=lambda: float(comm.emulated_s), device=device,
-                            wire_rejected=getattr(comm, "wire_rejected", None))
+                            wire_rejected=comm.wire_rejected)
     port = base_port + local_rank
     error = None
     try:
