@@ -50,8 +50,8 @@ def preflight(cfg: RunConfig, env: Env, *, data: bool = True) -> Preflight:
     from geodml.data.datasets import check_dataset_available
     from geodml.runtime import resolve_backend
 
-    backend = resolve_backend(cfg.backend, env.local_world_size, cfg.device)
     partitions = check_partitions(cfg, env)
+    backend = resolve_backend(cfg.backend, env.local_world_size, cfg.device)
     if cfg.skewscout.enabled and partitions < 2:
         raise ValueError("--skewscout travels models between partitions: run at least 2 processes (torchrun --nproc_per_node=K)")
     rundir.check_out_dir(cfg.out, restarting=restarting())
@@ -74,7 +74,8 @@ def preflight(cfg: RunConfig, env: Env, *, data: bool = True) -> Preflight:
 def check_partitions(cfg: RunConfig, env: Env) -> int:
     """The number of partitions P (``--partitions``, default the number of processes R). P = R: one
     partition per process. P > R = 1: the process hosts all P as threads over an in-process Comm.
-    P > R > 1 (partitions spread over several processes) is not built yet: a clear error."""
+    P > R > 1 (partitions spread over several processes), and hosted partitions on a GPU or with
+    Prometheus exporters, are not built yet: a clear error. Hosted partitions train on the CPU."""
     partitions = cfg.partitions or env.world_size
     if partitions < env.world_size:
         raise ValueError(f"--partitions {partitions} is fewer than the {env.world_size} processes; every process "
@@ -83,6 +84,9 @@ def check_partitions(cfg: RunConfig, env: Env) -> int:
         raise ValueError(f"--partitions {partitions} over {env.world_size} processes is not supported yet: hosting "
                          "several partitions per process works in one process (python -m geodml --partitions P) or "
                          "with one partition per process (torchrun --nproc_per_node=P)")
+    if partitions > env.world_size and cfg.device == "cuda":
+        raise ValueError(f"--device cuda with --partitions {partitions} in one process is not supported yet: hosted "
+                         "partitions train on the CPU; use --device cpu (or auto), or one process per GPU")
     if partitions > env.world_size and cfg.metrics_port:
         raise ValueError(f"--metrics-port with --partitions {partitions} in one process is not supported yet (one "
                          "exporter per process, labelled by partition, is still to come); leave --metrics-port 0")
@@ -236,7 +240,7 @@ def _run_hosted(cfg: RunConfig, env: Env, pre: Preflight) -> dict | None:
             errors.append(exc)
             group.abort(f"partition {p} failed: {type(exc).__name__}: {exc}")
 
-    init_process_group(env, pre.backend, cfg.comm.timeout_s, cfg.device)  # a one-process group: nothing uses it
+    init_process_group(env, "gloo", cfg.comm.timeout_s, "cpu")  # a one-process group: nothing uses it
     try:
         threads = [threading.Thread(target=partition, args=(p,), name=f"geodml-partition-{p}") for p in range(P)]
         for t in threads:

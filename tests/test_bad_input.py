@@ -220,6 +220,8 @@ CASES = [
     ("partitions-zero", lambda t: ["--partitions", "0"], "--partitions must be an integer >= 1"),
     ("partitions-with-metrics", lambda t: ["--partitions", "3", "--metrics-port", "9400"],
      "--metrics-port with --partitions 3 in one process is not supported yet"),
+    ("partitions-on-cuda", lambda t: ["--partitions", "3", "--device", "cuda"],
+     "--device cuda with --partitions 3 in one process is not supported yet"),
     ("toml-seed-float", lambda t: _toml(t, "seed = 1.5\n"), "seed = 1.5 is a float; expected an integer"),
     ("toml-topology-int", lambda t: _toml(t, "topology = 3\n"), "topology = 3 is an integer; expected a string"),
 ]
