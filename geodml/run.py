@@ -180,10 +180,12 @@ def run(cfg: RunConfig, env: Env, pre: Preflight | None = None) -> dict | None:
         stack.callback(destroy_process_group)
         fault_point("startup", env.rank)
         store = rendezvous(env, cfg.comm.timeout_s)  # every rank joined, or StartupError naming the missing
+        device = init_process_group(env, pre.backend, cfg.comm.timeout_s, cfg.device, store=store)
+        seed_everything(cfg.seed, env.rank)
+        out = agree_on_out_dir(env, cfg.out, cfg.algo.algo)
+        # The watch starts once the process group exists: started before it, 16 ranks on 2 cores
+        # showed a heartbeat silent for 30 s during the group's set-up (a false "rank 0 lost").
         with _peer_watch(cfg, env):
-            device = init_process_group(env, pre.backend, cfg.comm.timeout_s, cfg.device, store=store)
-            seed_everything(cfg.seed, env.rank)
-            out = agree_on_out_dir(env, cfg.out, cfg.algo.algo)
             startup.lap("process_group_s")
             try:
                 parts = build_parts(cfg, env, pre, out=out, device=device, stack=stack, startup=startup)
