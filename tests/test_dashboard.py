@@ -33,7 +33,16 @@ from geodml.metrics.prometheus import file_sd_groups
 from tests.support.browser import Browser, chromium_binary
 from tests.support.debpkg import debian_binary
 from tests.support.files import make_study
-from tests.support.monitoring import CUDA_ONLY, DASHBOARD, PROM_CONFIG, dashboard_exprs, free_base, promql_metrics_and_labels
+from tests.support.monitoring import (
+    CUDA_ONLY,
+    DASHBOARD,
+    PROM_CONFIG,
+    dashboard_exprs,
+    east_west_topology,
+    free_base,
+    promql_metrics_and_labels,
+    require,
+)
 from tests.support.procs import REPO, _env, free_port, stop_gracefully
 
 pytestmark = pytest.mark.integration
@@ -45,18 +54,7 @@ RUN = "dash-gaia"
 RANKS = 3
 # Two ranks share a region, so the run sends LAN bytes too (the Grafana LAN panel needs them); slow
 # links, so that --wan real makes the run last several seconds of wall time.
-TOPOLOGY = """\
-name = "dashboard-test"
-source = "test fixture: illustrative numbers"
-regions = ["east", "west"]
-placement = ["east", "east", "west"]
-[lan]
-bandwidth_mbps = 10000
-latency_ms = 0.1
-[default]
-bandwidth_mbps = 50
-latency_ms = 30
-"""
+TOPOLOGY = east_west_topology("dashboard-test", wan_mbps=50, latency_ms=30)
 REGIONS = ["east", "east", "west"]
 # The console's panels (consoles/geodml.html, data-panel) and the fewest vertices a drawn curve has.
 PANELS = ("accuracy_vs_wan_bytes", "accuracy_vs_emulated_time", "accuracy", "train_loss", "wan_bytes_by_link",
@@ -155,12 +153,8 @@ def _render(browser: Browser, page_path: Path, shot: Path) -> dict:
 def live(tmp_path_factory):
     """Everything the live tests look at, gathered in one pass (every process is gone when it returns:
     tests/conftest.py reaps children after each test, so nothing may outlive the fixture)."""
-    prom_bin, why = debian_binary(("prometheus",), ("prometheus",))
-    if prom_bin is None:
-        pytest.skip(f"no Prometheus server: {why}")
-    chrome, why = chromium_binary()
-    if chrome is None:
-        pytest.skip(f"no headless Chromium: {why}")
+    prom_bin = require(debian_binary(("prometheus",), ("prometheus",)), "Prometheus server")
+    chrome = require(chromium_binary(), "headless Chromium")
     tmp = tmp_path_factory.mktemp("dashboard")
     out = tmp / RUN
     _fast_config(tmp / "prometheus.yml")
@@ -334,9 +328,7 @@ def test_html_report_of_the_live_run_renders(live):
 
 # ---- a study directory ------------------------------------------------------------------------
 def test_html_report_of_a_study_renders(tmp_path):
-    chrome, why = chromium_binary()
-    if chrome is None:
-        pytest.skip(f"no headless Chromium: {why}")
+    chrome = require(chromium_binary(), "headless Chromium")
     study = make_study(tmp_path)
     report = tmp_path / "study.html"
     r = _report_html([str(study), "--html", str(report)])

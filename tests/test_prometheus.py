@@ -38,7 +38,16 @@ from geodml.metrics.prometheus import (
     file_sd_groups,
 )
 from tests.support.debpkg import debian_binary
-from tests.support.monitoring import CUDA_ONLY, DASHBOARD, PROM_CONFIG, dashboard_exprs, free_base, promql_metrics_and_labels
+from tests.support.monitoring import (
+    CUDA_ONLY,
+    DASHBOARD,
+    PROM_CONFIG,
+    dashboard_exprs,
+    east_west_topology,
+    free_base,
+    promql_metrics_and_labels,
+    require,
+)
 from tests.support.procs import REPO, _env, free_port, run_workers, stop_gracefully
 
 DATASOURCE = REPO / "launch/grafana/provisioning/datasources/geodml.yml"
@@ -370,25 +379,12 @@ def _wait(what: str, timeout_s: float, fn, proc: subprocess.Popen | None = None,
     raise AssertionError(f"timed out waiting for {what}\n{detail}")
 
 
-TOPOLOGY = """\
-name = "metrics-test"
-source = "test fixture: illustrative numbers"
-regions = ["east", "west"]
-placement = ["east", "east", "west"]
-[lan]
-bandwidth_mbps = 10000
-latency_ms = 0.1
-[default]
-bandwidth_mbps = 100
-latency_ms = 20
-"""
+TOPOLOGY = east_west_topology("metrics-test", wan_mbps=100, latency_ms=20)
 
 
 @pytest.mark.integration
 def test_real_prometheus_scrapes_a_run_through_the_targets_file(tmp_path):
-    binary, why = _prometheus_binary()
-    if binary is None:
-        pytest.skip(f"no Prometheus server: {why}")
+    binary = require(_prometheus_binary(), "Prometheus server")
     # The shipped config, only faster: scrape and rediscover every second.
     prom_dir = tmp_path / "prom"
     (prom_dir / "targets").mkdir(parents=True)

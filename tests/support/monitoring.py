@@ -4,8 +4,11 @@ ranges for exporters."""
 
 from __future__ import annotations
 
+import os
 import re
 import socket
+
+import pytest
 
 from tests.support.procs import REPO, free_port
 
@@ -54,3 +57,24 @@ def promql_metrics_and_labels(expr: str) -> tuple[set[str], set[str]]:
 
 def dashboard_exprs(dash: dict) -> list[tuple[str, str]]:
     return [(p["title"], t["expr"]) for p in dash["panels"] for t in p.get("targets", [])]
+
+
+def east_west_topology(name: str, *, wan_mbps: float, latency_ms: float) -> str:
+    """A two-region topology file for 3 ranks: ranks 0 and 1 share "east" (so the run also sends LAN
+    bytes), rank 2 is "west"; a 10 Gbit/s LAN and the given WAN link."""
+    return (f'name = "{name}"\nsource = "test fixture: illustrative numbers"\nregions = ["east", "west"]\n'
+            f'placement = ["east", "east", "west"]\n[lan]\nbandwidth_mbps = 10000\nlatency_ms = 0.1\n'
+            f"[default]\nbandwidth_mbps = {wan_mbps:g}\nlatency_ms = {latency_ms:g}\n")
+
+
+def require(found: tuple[str | None, str], what: str) -> str:
+    """The binary of a ``(binary or None, why)`` lookup, or skip the test saying why -- except in CI,
+    where launch/test.sh installs the Debian packages these tests need: there a missing one is a
+    failure, never a silent skip."""
+    binary, why = found
+    if binary is None:
+        message = f"no {what}: {why}"
+        if os.environ.get("CI"):
+            pytest.fail(f"{message} (CI: launch/test.sh should have installed it)")
+        pytest.skip(message)
+    return binary
