@@ -73,23 +73,22 @@ def preflight(cfg: RunConfig, env: Env, *, data: bool = True) -> Preflight:
 
 def check_partitions(cfg: RunConfig, env: Env) -> int:
     """The number of partitions P (``--partitions``, default the number of processes R). P = R: one
-    partition per process. P > R = 1: the process hosts all P as threads over an in-process Comm.
-    P > R > 1 (partitions spread over several processes), and hosted partitions on a GPU or with
-    Prometheus exporters, are not built yet: a clear error. Hosted partitions train on the CPU."""
+    partition per process. P > R: each process hosts a contiguous block of partitions as threads
+    over an in-process Comm linked to the other processes (geodml.comm.crossproc). Hosted
+    partitions on a GPU or with Prometheus exporters are not built yet: a clear error. Hosted
+    partitions train on the CPU."""
     partitions = cfg.partitions or env.world_size
     if partitions < env.world_size:
         raise ValueError(f"--partitions {partitions} is fewer than the {env.world_size} processes; every process "
                          "hosts at least one partition: use --partitions >= the number of processes")
-    if partitions > env.world_size > 1:
-        raise ValueError(f"--partitions {partitions} over {env.world_size} processes is not supported yet: hosting "
-                         "several partitions per process works in one process (python -m geodml --partitions P) or "
-                         "with one partition per process (torchrun --nproc_per_node=P)")
     if partitions > env.world_size and cfg.device == "cuda":
-        raise ValueError(f"--device cuda with --partitions {partitions} in one process is not supported yet: hosted "
-                         "partitions train on the CPU; use --device cpu (or auto), or one process per GPU")
+        raise ValueError(f"--device cuda with --partitions {partitions} over {env.world_size} process(es) is not "
+                         "supported yet: hosted partitions train on the CPU; use --device cpu (or auto), or one "
+                         "process per GPU")
     if partitions > env.world_size and cfg.metrics_port:
-        raise ValueError(f"--metrics-port with --partitions {partitions} in one process is not supported yet (one "
-                         "exporter per process, labelled by partition, is still to come); leave --metrics-port 0")
+        raise ValueError(f"--metrics-port with --partitions {partitions} over {env.world_size} process(es) is not "
+                         "supported yet (one exporter per process, labelled by partition, is still to come); leave "
+                         "--metrics-port 0")
     return partitions
 
 
@@ -202,62 +201,69 @@ def run(cfg: RunConfig, env: Env, pre: Preflight | None = None) -> dict | None:
 
 
 def _run_hosted(cfg: RunConfig, env: Env, pre: Preflight) -> dict | None:
-    """One process hosts all P partitions, one thread each, over an in-process Comm
-    (geodml.comm.inprocess): the same parts, trainer and run directory as P processes, and the
-    same bytes, messages and emulated seconds charged, with no socket and one torch per machine.
-    Partition p's thread is "rank p" of the run; partition 0 writes the run directory."""
-    import threading
-    from pathlib import Path
-
-    from geodml.comm import InProcessGroup
-    from geodml.runtime import default_out_dir, destroy_process_group, init_process_group
+    """This process hosts its block of the P partitions (all of them when it is the only
+    process), one thread each, over an in-process Comm (geodml.comm.inprocess) linked to the other
+    processes' blocks (geodml.comm.crossproc): the same parts, trainer and run directory as P
+    processes, and the same bytes, messages and emulated seconds charged. Partition p's thread is
+    "rank p" of the run; partition 0 (in process 0) writes the run directory."""
+    from geodml.comm import build_hosted_group
+    from geodml.comm.crossproc import blocks
+    from geodml.peerwatch import fault_point
+    from geodml.runtime import agree_on_out_dir, destroy_process_group, init_process_group, rendezvous, seed_everything
     from geodml.trainer import EvalCache
 
     torch.set_num_threads(cfg.threads)
-    P = len(pre.partitions)
+    P, R = len(pre.partitions), env.world_size
+    block = blocks(P, R)[env.rank]
     wall_t0 = time.monotonic()
-    out = Path(cfg.out or default_out_dir(cfg.algo.algo))
-    # The P partitions share this process's cores, so a wait on a peer may last as long as the
-    # others' work in turn: the bound on any wait (--comm-timeout) is scaled by P. A peer cannot be
-    # lost here (one process); the bound catches a bug, not a failure.
-    group = InProcessGroup.from_config(dataclasses.replace(cfg.comm, timeout_s=cfg.comm.timeout_s * P), P,
-                                       topology=pre.topology)
-    summaries: list[dict | None] = [None] * P
-    eval_cache = EvalCache()  # partitions holding the same model are evaluated once
+    summaries: dict[int, dict | None] = {}
     errors: list[BaseException] = []
+    with ExitStack() as stack:
+        stack.callback(destroy_process_group)
+        fault_point("startup", env.rank)
+        store = rendezvous(env, cfg.comm.timeout_s)
+        # Hosted partitions train on the CPU: a gloo group, whatever the host has.
+        init_process_group(env, "gloo", cfg.comm.timeout_s, "cpu", store=store)
+        seed_everything(cfg.seed, env.rank)
+        out = agree_on_out_dir(env, cfg.out, cfg.algo.algo)
+        with _peer_watch(cfg, env):
+            # The hosted partitions share this process's cores, so a wait on a peer may last as long
+            # as the others' work in turn: the bound on any wait (--comm-timeout) is scaled by the
+            # block's size.
+            group = build_hosted_group(dataclasses.replace(cfg.comm, timeout_s=cfg.comm.timeout_s * len(block)),
+                                       partitions=P, process=env.rank, processes=R, topology=pre.topology)
+            stack.callback(group.close)
+            eval_cache = EvalCache()  # partitions holding the same model are evaluated once
 
-    def partition(p: int) -> None:
-        penv = Env(rank=p, world_size=P, local_rank=p, local_world_size=P, under_torchrun=False)
-        startup = Startup()
-        try:
-            with ExitStack() as stack:
-                parts = build_parts(cfg, penv, pre, out=out, device=torch.device("cpu"), stack=stack, startup=startup,
-                                    comm=group.comm(p), eval_cache=eval_cache)
-                startup.lap("model_s")
-                startup.done()
-                result = parts.trainer.run()
-                parts.sink.close()
-                summaries[p] = _finish(cfg, penv, parts, result, wall_t0=wall_t0, startup=startup)
-        except BaseException as exc:  # noqa: BLE001 -- re-raised in the main thread
-            errors.append(exc)
-            group.abort(f"partition {p} failed: {type(exc).__name__}: {exc}")
+            def partition(p: int) -> None:
+                penv = Env(rank=p, world_size=P, local_rank=p - block.start, local_world_size=len(block),
+                           under_torchrun=False)
+                startup = Startup()
+                try:
+                    with ExitStack() as own:
+                        parts = build_parts(cfg, penv, pre, out=out, device=torch.device("cpu"), stack=own,
+                                            startup=startup, comm=group.comm(p), eval_cache=eval_cache)
+                        startup.lap("model_s")
+                        startup.done()
+                        result = parts.trainer.run()
+                        parts.sink.close()
+                        summaries[p] = _finish(cfg, penv, parts, result, wall_t0=wall_t0, startup=startup)
+                except BaseException as exc:  # noqa: BLE001 -- re-raised in the main thread
+                    errors.append(exc)
+                    group.abort(f"partition {p} failed: {type(exc).__name__}: {exc}")
 
-    init_process_group(env, "gloo", cfg.comm.timeout_s, "cpu")  # a one-process group: nothing uses it
-    try:
-        threads = [threading.Thread(target=partition, args=(p,), name=f"geodml-partition-{p}") for p in range(P)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        group.close()
-        destroy_process_group()
-    if errors:
-        first = next((e for e in errors if not isinstance(e, CommError)), errors[0])
-        if isinstance(first, ValueError):
-            raise InputError(str(first)) from None
-        raise first
-    return summaries[0]
+            threads = [threading.Thread(target=partition, args=(p,), name=f"geodml-partition-{p}") for p in block]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            if errors:
+                first = next((e for e in errors if not isinstance(e, CommError)), errors[0])
+                if isinstance(first, ValueError):
+                    raise InputError(str(first)) from None
+                raise first
+            fault_point("finished", env.rank, out)
+    return summaries.get(0)
 
 
 def _finish(cfg: RunConfig, env: Env, parts: Parts, result: dict, *, wall_t0: float, startup: Startup) -> dict | None:

@@ -37,7 +37,8 @@ if TYPE_CHECKING:
         return dist_comm, in_process
 
 __all__ = ["Comm", "RunComm", "DistComm", "InProcessComm", "InProcessGroup", "Ledger", "KINDS", "WAN_MODES",
-           "build_comm", "CommError", "CommTimeoutError", "PeerTransport", "Topology", "TopologyError", "WanLink",
+           "build_comm", "build_hosted_group",
+           "CommError", "CommTimeoutError", "PeerTransport", "Topology", "TopologyError", "WanLink",
            "load_topology", "default_topology"]
 
 
@@ -90,4 +91,34 @@ def build_comm(cfg: CommConfig, *, rank: int, world_size: int, device: torch.dev
     except BaseException:
         if transport is not None:
             transport.close()
+        raise
+
+
+def build_hosted_group(cfg: CommConfig, *, partitions: int, process: int, processes: int,
+                       topology: Topology | None = None) -> InProcessGroup:
+    """This process's :class:`InProcessGroup` when P ``partitions`` run on ``processes`` processes
+    (geodml.comm.crossproc): it hosts block ``process`` of the partitions. With more than one
+    process this is collective over the default process group (every process calls it): it binds
+    the process's ZeroMQ socket and exchanges addresses as :func:`build_comm` does, with ranks =
+    processes. Close the group (it closes the transport) before the process group is destroyed."""
+    import torch.distributed as dist
+
+    from geodml.comm.crossproc import CrossProcess, blocks
+
+    cross = None
+    if processes > 1:
+        if not dist.is_initialized():
+            raise RuntimeError("build_hosted_group needs the default torch.distributed process group; initialise it first")
+        names = [f"partitions {b.start}-{b.stop - 1}" for b in blocks(partitions, processes)]
+        transport = PeerTransport(rank=process, world_size=processes, store=dist.distributed_c10d._get_default_store(),
+                                  bind_host=cfg.bind_host, timeout_s=cfg.timeout_s, region_of_rank=names,
+                                  paced=cfg.wan == "real", wire_auth=cfg.wire_auth,
+                                  max_message_bytes=int(cfg.max_message_mb * 1024 * 1024),
+                                  secret=share_wire_secret(process) if cfg.wire_auth == "on" else None)
+        cross = CrossProcess(process=process, processes=processes, partitions=partitions, transport=transport)
+    try:
+        return InProcessGroup.from_config(cfg, partitions, topology=topology, cross=cross)
+    except BaseException:
+        if cross is not None:
+            cross.close()
         raise

@@ -84,6 +84,14 @@ class DistComm(ChargedComm):
 
     # ---- data movement -----------------------------------------------------------------------
     def _reduce(self, tensor: torch.Tensor) -> None:
+        if tensor.is_floating_point() and tensor.dtype != torch.float64:
+            # Accumulate in float64 and round once, as the in-process group does (geodml.comm.crossproc,
+            # Exactness): the sum then does not depend on gloo's/NCCL's reduction order.
+            buf = self._stage_buffer(tensor, torch.float64)
+            buf.copy_(tensor)
+            dist.all_reduce(buf)
+            tensor.copy_(buf)
+            return
         self._staged(tensor, dist.all_reduce)
 
     def _bcast(self, tensor: torch.Tensor, src: int) -> None:
@@ -126,13 +134,17 @@ class DistComm(ChargedComm):
         if tensor.device == self.device:
             op(tensor)
             return
-        key = (tuple(tensor.shape), tensor.dtype)
-        buf = self._stage.get(key)
-        if buf is None:
-            buf = self._stage[key] = torch.empty(tensor.shape, dtype=tensor.dtype, device=self.device)
+        buf = self._stage_buffer(tensor, tensor.dtype)
         buf.copy_(tensor)
         op(buf)
         tensor.copy_(buf)
+
+    def _stage_buffer(self, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        key = (tuple(tensor.shape), dtype)
+        buf = self._stage.get(key)
+        if buf is None:
+            buf = self._stage[key] = torch.empty(tensor.shape, dtype=dtype, device=self.device)
+        return buf
 
     def _need_transport(self) -> PeerTransport:
         self._check_closed()

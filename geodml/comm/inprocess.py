@@ -40,6 +40,7 @@ import torch
 
 from geodml.comm.api import CommError, CommTimeoutError
 from geodml.comm.charged import ChargedComm
+from geodml.comm.crossproc import CrossProcess
 from geodml.comm.pacing import Pacer, Target
 from geodml.comm.topology import Topology, WanLink, load_topology, rank_links
 from geodml.comm.wire import DEFAULT_MAX_MESSAGE_BYTES, Incoming, Outgoing, describe
@@ -60,7 +61,7 @@ class InProcessGroup:
 
     def __init__(self, world_size: int, *, topology: Topology | str | None = None, wan: str = "off",
                  wan_scale: float = 1.0, timeout_s: float = 60.0,
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, cross: CrossProcess | None = None) -> None:
         if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world size must be a positive integer, got {world_size!r}")
         if not timeout_s > 0:
@@ -69,43 +70,54 @@ class InProcessGroup:
         self.world_size = world_size
         self.region_of_rank = topo.placement(world_size)
         self.timeout_s = float(timeout_s)
+        self.cross = cross
+        self.hosted = cross.hosted if cross is not None else range(world_size)
+        """The ranks (partitions) this group hosts: all of them, or this process's block."""
+        assert cross is None or cross.partitions == world_size
+        n = len(self.hosted)
         self._cond = threading.Condition()  # the rendezvous of collectives
         self._generation = 0  # collectives completed so far
-        self._tags: list[Hashable | None] = [None] * world_size  # what each arrived rank called
-        self._values: list[Any] = [None] * world_size
+        self._tags: list[Hashable | None] = [None] * n  # what each arrived hosted rank called
+        self._values: list[Any] = [None] * n
         self._arrived = 0
         self._result: Any = None
         self._scratch: dict[tuple, torch.Tensor] = {}  # combined tensors, reused per (shape, dtype, device)
         self._error: CommError | None = None  # set once: the group is broken
-        self._mailboxes = [_Mailbox() for _ in range(world_size)]
+        self._mailboxes = {r: _Mailbox() for r in self.hosted}
         links = rank_links(topo.scaled(wan_scale), self.region_of_rank)  # once for the group, not per rank
-        self._comms = [InProcessComm(self, r, topology=topo, wan=wan, wan_scale=wan_scale,
-                                     max_message_bytes=max_message_bytes, links=links) for r in range(world_size)]
+        self._comms = {r: InProcessComm(self, r, topology=topo, wan=wan, wan_scale=wan_scale,
+                                        max_message_bytes=max_message_bytes, links=links) for r in self.hosted}
+        if cross is not None:
+            cross.start(self._deliver, self._fail)
 
     @classmethod
-    def from_config(cls, cfg: CommConfig, world_size: int, *, topology: Topology | None = None) -> InProcessGroup:
+    def from_config(cls, cfg: CommConfig, world_size: int, *, topology: Topology | None = None,
+                    cross: CrossProcess | None = None) -> InProcessGroup:
         """The group :func:`geodml.comm.build_comm` would build for ``cfg`` (sockets aside);
-        ``topology``: the already-loaded ``cfg.topology``, when the caller has it."""
+        ``topology``: the already-loaded ``cfg.topology``, when the caller has it; ``cross``: this
+        process's link to the others when the partitions span processes (:func:`build_hosted_group`)."""
         return cls(world_size, topology=topology if topology is not None else cfg.topology, wan=cfg.wan,
                    wan_scale=cfg.wan_scale, timeout_s=cfg.timeout_s,
-                   max_message_bytes=int(cfg.max_message_mb * 1024 * 1024))
+                   max_message_bytes=int(cfg.max_message_mb * 1024 * 1024), cross=cross)
 
     def comm(self, rank: int) -> InProcessComm:
-        """Rank ``rank``'s Comm (always the same object)."""
+        """Rank ``rank``'s Comm (always the same object); ``rank`` must be hosted here."""
         return self._comms[rank]
 
     @property
     def comms(self) -> list[InProcessComm]:
-        return list(self._comms)
+        return list(self._comms.values())
 
     def abort(self, reason: object = "aborted") -> None:
         """Break the group: every current and future wait raises ``CommError`` naming ``reason``."""
         self._fail(CommError(f"the in-process group was aborted: {reason}"))
 
     def close(self) -> None:
-        """Close every rank's Comm (idempotent)."""
-        for c in self._comms:
+        """Close every rank's Comm and the link to the other processes (idempotent)."""
+        for c in self._comms.values():
             c.close()
+        if self.cross is not None:
+            self.cross.close()
 
     # ---- collectives ---------------------------------------------------------------------------
     def _exchange(self, rank: int, tag: Hashable, value: Any, combine: Callable[[list[Any]], Any]) -> Any:
@@ -115,21 +127,22 @@ class InProcessGroup:
         with self._cond:
             self._check_error()
             gen = self._generation
-            self._tags[rank], self._values[rank] = tag, value
+            i = rank - self.hosted.start
+            self._tags[i], self._values[i] = tag, value
             self._arrived += 1
-            if self._arrived == self.world_size:
+            if self._arrived == len(self.hosted):
                 try:
                     if any(t != tag for t in self._tags):
                         raise CommError("ranks called different collectives: " +
-                                        ", ".join(f"rank {r}: {t}" for r, t in enumerate(self._tags)))
+                                        ", ".join(f"rank {r}: {t}" for r, t in zip(self.hosted, self._tags)))
                     self._result = combine(self._values)
                 except BaseException as e:
                     err = e if isinstance(e, CommError) else CommError(f"collective {tag} failed: {e!r}")
                     self._fail_locked(err)
                     raise err from (None if err is e else e)
                 finally:
-                    self._tags = [None] * self.world_size
-                    self._values = [None] * self.world_size
+                    self._tags = [None] * len(self.hosted)
+                    self._values = [None] * len(self.hosted)
                     self._arrived = 0
                 self._generation += 1
                 self._cond.notify_all()
@@ -139,7 +152,7 @@ class InProcessGroup:
                 self._check_error()
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    missing = [r for r in range(self.world_size) if self._tags[r] is None]
+                    missing = [r for r, t in zip(self.hosted, self._tags) if t is None]
                     err = CommTimeoutError(
                         f"rank {rank}: collective {tag} not joined within {self.timeout_s:g} s by "
                         f"{', '.join(self._describe(r) for r in missing)}: silent, crashed, or calling something else")
@@ -149,24 +162,53 @@ class InProcessGroup:
             return self._result
 
     def _sum(self, values: list[torch.Tensor]) -> torch.Tensor:
-        """The sum of ``values`` in rank order, in the group's buffer."""
+        """The sum of the hosted ``values`` in rank order (then over processes), in the group's
+        buffer. Floating sums accumulate in float64 and round once (geodml.comm.crossproc,
+        Exactness), so they do not depend on how partitions are grouped into processes."""
         buf = self._buffer(values[0])
+        if values[0].is_floating_point() and values[0].dtype != torch.float64:
+            acc = self._buffer(values[0], torch.float64)
+            acc.copy_(values[0])
+            for v in values[1:]:
+                acc.add_(v)
+            if self.cross is not None:
+                self.cross.all_reduce_(acc)
+            buf.copy_(acc)
+            return buf
         buf.copy_(values[0])
         for v in values[1:]:
             buf.add_(v)
+        if self.cross is not None:
+            self.cross.all_reduce_(buf)
         return buf
 
     def _pick(self, values: list[torch.Tensor], src: int) -> torch.Tensor:
-        """A copy of ``values[src]`` in the group's buffer."""
-        buf = self._buffer(values[src])
-        buf.copy_(values[src])
+        """A copy of rank ``src``'s tensor in the group's buffer (from its process, if another)."""
+        buf = self._buffer(values[0])
+        if src in self.hosted:
+            buf.copy_(values[src - self.hosted.start])
+        if self.cross is not None:
+            self.cross.broadcast_(buf, src)
         return buf
 
-    def _buffer(self, like: torch.Tensor) -> torch.Tensor:
-        key = (tuple(like.shape), like.dtype, like.device)
+    def _gather_all(self, values: list[torch.Tensor]) -> list[torch.Tensor]:
+        if self.cross is not None:
+            return self.cross.all_gather_blocks(values)
+        return [v.clone() for v in values]
+
+    def _objects(self, values: list[Any]) -> list[Any]:
+        return self.cross.all_gather_objects(values) if self.cross is not None else list(values)
+
+    def _max(self, values: list[float]) -> float:
+        m = max(values)
+        return self.cross.max_(m) if self.cross is not None else m
+
+    def _buffer(self, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        dtype = dtype or like.dtype
+        key = (tuple(like.shape), dtype, like.device)
         buf = self._scratch.get(key)
         if buf is None:
-            buf = self._scratch[key] = torch.empty(like.shape, dtype=like.dtype, device=like.device)
+            buf = self._scratch[key] = torch.empty(like.shape, dtype=dtype, device=like.device)
         return buf
 
     # ---- messages ------------------------------------------------------------------------------
@@ -212,7 +254,8 @@ class InProcessGroup:
 
     # ---- failure -------------------------------------------------------------------------------
     def _describe(self, rank: int) -> str:
-        return f"rank {rank} (region {self.region_of_rank[rank]}, in-process)"
+        where = "in-process" if rank in self.hosted or self.cross is None else self.cross.describe(rank)
+        return f"rank {rank} (region {self.region_of_rank[rank]}, {where})"
 
     def _check_error(self) -> None:
         if self._error is not None:
@@ -226,7 +269,7 @@ class InProcessGroup:
         if self._error is None:
             self._error = err
         self._cond.notify_all()
-        for box in self._mailboxes:
+        for box in self._mailboxes.values():
             with box.cond:
                 box.cond.notify_all()
 
@@ -259,14 +302,16 @@ class InProcessComm(ChargedComm):
         """Nothing to wait for: :meth:`send` copies the arrays before it returns."""
 
     def wire_rejected(self) -> dict[str, int]:
-        """Always empty: nothing crosses a wire."""
-        return {}
+        """Messages this process's transport dropped (empty when the partitions share one process)."""
+        g = self._group
+        return g.cross.wire_rejected() if g.cross is not None else {}
 
     def meta_all_gather_object(self, obj: _T) -> list[_T]:
         """A copy of every rank's object (pickled, as torch.distributed does), in rank order."""
         if self.world_size == 1:
             return [obj]
-        blobs = self._group._exchange(self.rank, "meta_all_gather_object", pickle.dumps(obj), list)
+        g = self._group
+        blobs = g._exchange(self.rank, "meta_all_gather_object", pickle.dumps(obj), g._objects)
         return [pickle.loads(b) for b in blobs]
 
     def close(self) -> None:
@@ -291,15 +336,16 @@ class InProcessComm(ChargedComm):
             tensor.copy_(out)
 
     def _gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        shared = self._group._exchange(self.rank, ("all_gather", tuple(tensor.shape), tensor.dtype), tensor,
-                                       lambda values: [v.clone() for v in values])
+        g = self._group
+        shared = g._exchange(self.rank, ("all_gather", tuple(tensor.shape), tensor.dtype), tensor, g._gather_all)
         out = [torch.empty_like(tensor) for _ in range(self.world_size)]
         for o, s in zip(out, shared):
             o.copy_(s)
         return out
 
     def _max_over_ranks(self, value: float) -> float:
-        return float(self._group._exchange(self.rank, "clock_max", value, max))
+        g = self._group
+        return float(g._exchange(self.rank, "clock_max", value, g._max))
 
     def _describe(self, kind: str, step: int, arrays: list[np.ndarray]) -> Outgoing:
         self._check_open()
@@ -314,6 +360,11 @@ class InProcessComm(ChargedComm):
 
     def _hand_over(self, out: Outgoing, targets: list[Target], wait: bool) -> None:
         g = self._group
+        if g.cross is not None:
+            remote = [t for t in targets if t[0] not in g.hosted]
+            if remote:
+                g.cross.send(self.rank, out, remote)
+                targets = [t for t in targets if t[0] in g.hosted]
         for dst, arrival_s, release_at in targets:
             msg = Incoming(self.rank, out.kind, out.step, arrival_s, list(out.payloads), out.nbytes)
             if release_at is None:

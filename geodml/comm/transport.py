@@ -408,6 +408,19 @@ class PeerTransport:
             self._receive(max(1, math.ceil(left * 1000)))
             self._check_open()
 
+    def recv_any(self, timeout_s: float) -> Incoming | None:
+        """The oldest queued message of any (src, kind, step), else the next one from the socket
+        within ``timeout_s``; None if none came (a dispatcher's loop: geodml.comm.crossproc)."""
+        self._check_open()
+        if not self._pending:
+            self._receive(max(1, math.ceil(timeout_s * 1000)))
+        for key, q in self._pending.items():
+            msg = q.popleft()
+            if not q:
+                del self._pending[key]
+            return msg
+        return None
+
     @overload
     def _receive(self, timeout_ms: int, want: tuple[int, str, int]) -> Incoming | None: ...
 
