@@ -437,7 +437,7 @@ def test_multiprocess_matches_in_process_simulation():
 @pytest.mark.integration
 def test_torchrun_dgc_end_to_end(tmp_path):
     k, out = 3, tmp_path / "run"
-    r = run_torchrun(k, ["--algo", "dgc", "--dataset", "digits", "--model", "lenet", "--no-progress", "--wan", "off",
+    r = run_torchrun(k, ["--algo", "dgc", "--dataset", "digits", "--model", "cnn", "--no-progress", "--wan", "off",
                          "--epochs", "2", "--e-warm", "0.5", "--log-every", "5", "--eval-every", "1000",
                          "--out", str(out)], timeout_s=180)
     assert r.returncode == 0, r.stderr[-3000:]

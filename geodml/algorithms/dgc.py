@@ -22,7 +22,7 @@ cleared every step) one step is ``w -= lr * sum_k grad_k = K * lr * mean_grad``,
 BSP step at the same ``--lr`` (BSP averages the gradients). The DGC paper instead folds 1/K into
 every node's gradient so that its sum is the mean; a user who wants DGC's global step size at a
 BSP learning rate ``lr_bsp`` runs DGC with ``--lr lr_bsp/K``. We follow the Quagmire pseudocode.
-It matters: digits, LeNet, K=5, 30 epochs, ``--e-warm 1``: at ``--lr 0.02`` IID reaches 96.9%
+It matters: digits, the CNN (--model cnn), K=5, 30 epochs, ``--e-warm 1``: at ``--lr 0.02`` IID reaches 96.9%
 (BSP 97.5%) but 100% non-IID diverges to 10% once s reaches 99.9%; at ``--lr 0.004`` (0.02/K)
 non-IID reaches 96.9%.
 
@@ -75,7 +75,7 @@ this partition after a step (v: what is still unsent) and averaged over the meas
 the current epoch (and of the last completed epoch). To keep it off the hot path (it reads v
 and w in full, ~1.2 ms at 0.9M parameters), it is measured every ``stride = ceil(N / 65,536)``
 steps and on the first step of every epoch: every step for N <= 65,536, every 3rd for digits
-LeNet, every 14th for CIFAR LeNet (~35 samples per epoch of 500 steps), ~0.1 ms per step
+CNN, every 14th for the CIFAR CNN (~35 samples per epoch of 500 steps), ~0.1 ms per step
 amortized.
 """
 
