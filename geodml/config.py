@@ -41,6 +41,8 @@ DEVICES = ("auto", "cpu", "cuda")
 WAN_MODES = ("off", "virtual", "real")
 WIRE_AUTH_MODES = ("on", "off")
 LR_SCHEDULES = ("step", "poly")
+DGC_SCOPES = ("global", "layer")
+DGC_CLIP_AT = ("gradient", "update")
 SEARCHES = ("hill", "stochastic", "annealing")
 
 
@@ -221,6 +223,11 @@ class AlgoConfig:
     clip_norm: float | None = opt(None, algos=DGC, default_text="off", help="global L2 gradient-clipping threshold; "
                                   "each partition clips its own gradient at clip_norm/sqrt(K) (Lin et al.)")
     dgc_sample_ratio: float = opt(0.01, algos=DGC, help="fraction of elements sampled to estimate the top-s threshold")
+    dgc_scope: str = opt("global", algos=DGC, choices=DGC_SCOPES, help="global: one top-s over the whole model "
+                         "(the Quagmire pseudocode); layer: the top-s of every layer (Lin et al.)")
+    dgc_clip_at: str = opt("gradient", algos=DGC, choices=DGC_CLIP_AT, help="with --clip-norm: gradient: clip each "
+                           "partition's gradient at clip_norm/sqrt(K) before momentum (Lin et al.); update: clip the "
+                           "momentum-corrected update at clip_norm, as the authors' parameter server does")
     # FederatedAveraging (Algorithm 2) and variants
     iter_local: int = opt(20, algos=FEDAVG, help="local iterations between model averages (Iter_Local)")
     reset_momentum: bool = opt(False, algos=FEDAVG, help="reset the local momentum buffer every round "
@@ -249,6 +256,10 @@ class AlgoConfig:
                f"--clip-norm must be > 0, got {self.clip_norm!r}")
         _check(_finite(self.dgc_sample_ratio) and 0 < self.dgc_sample_ratio <= 1,
                f"--dgc-sample-ratio must be in (0, 1], got {self.dgc_sample_ratio!r}")
+        _check(self.dgc_scope in DGC_SCOPES,
+               f"--dgc-scope: choose one of {', '.join(DGC_SCOPES)}, got {self.dgc_scope!r}")
+        _check(self.dgc_clip_at in DGC_CLIP_AT,
+               f"--dgc-clip-at: choose one of {', '.join(DGC_CLIP_AT)}, got {self.dgc_clip_at!r}")
         _check(isinstance(self.iter_local, int) and self.iter_local >= 1,
                f"--iter-local must be an integer >= 1, got {self.iter_local!r}")
         _check(_finite(self.client_fraction) and 0 < self.client_fraction <= 1,
