@@ -114,6 +114,11 @@ def ignored_settings(values: dict, algo: str) -> list[str]:
     return [o.flag for o in (OPTION_OF.get(d) for d in values) if o is not None and o.algos and algo not in o.algos]
 
 
+def ignored_norm_settings(values: dict, norm: str) -> list[str]:
+    """Flags given that have no effect with normalization ``norm`` (e.g. --gn-groups without --norm group)."""
+    return [o.flag for o in (OPTION_OF.get(d) for d in values) if o is not None and o.norms and norm not in o.norms]
+
+
 def parse_config(argv: list[str] | None = None, *, warn: Callable[[str], object] | None = None) -> RunConfig:
     """Flags (over TOML defaults) -> validated RunConfig. Raises ValueError on bad input."""
     ns = vars(build_parser().parse_args(argv))
@@ -123,6 +128,10 @@ def parse_config(argv: list[str] | None = None, *, warn: Callable[[str], object]
     ignored = ignored_settings(values, algo)
     if ignored and warn is not None:
         warn(f"geodml: warning: {', '.join(ignored)} has no effect with --algo {algo}")
+    norm = values.get("norm", OPTION_OF["norm"].default)
+    unused = ignored_norm_settings(values, norm)
+    if unused and warn is not None:
+        warn(f"geodml: warning: {', '.join(unused)} has no effect with --norm {norm}")
     kwargs: dict[str | None, dict[str, Any]] = {}
     for dest, value in values.items():
         o = OPTION_OF[dest]

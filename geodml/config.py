@@ -24,11 +24,14 @@ from typing import Any, ClassVar
 
 DATASETS = ("digits", "fashion-mnist", "mnist", "cifar10")
 PARTITIONS = ("iid", "label", "dirichlet", "shards")
-MODELS = ("lenet", "resnet20", "logreg", "mlp")
-NORMS = ("none", "batch", "group")
-MODEL_NORMS = {"lenet": ("none", "batch", "group"), "resnet20": ("batch", "group"), "logreg": ("none",),
-               "mlp": ("none",)}
+MODELS = ("cnn", "lenet", "resnet20", "logreg", "mlp")
+"""cnn: McMahan et al. 2017's CNN (called lenet before issue 21); lenet: the Quagmire authors' Caffe LeNet."""
+NORMS = ("none", "batch", "group", "batchrenorm")
+MODEL_NORMS = {"cnn": ("none", "batch", "group"), "lenet": ("none", "batch", "group", "batchrenorm"),
+               "resnet20": ("batch", "group"), "logreg": ("none",), "mlp": ("none",)}
 """The normalizations each model supports; the first is its natural default."""
+MODEL_NORM_CHANNELS = {"cnn": (32, 64), "lenet": (32, 32, 64), "resnet20": (16, 32, 64)}
+"""The channel counts of each model's normalized layers (a GroupNorm grouping must divide them all)."""
 ALGOS = ("bsp", "gaia", "dgc", "fedavg", "local")
 """Keys of geodml.algorithms.REGISTRY (tests/test_cli.py checks that they agree)."""
 KNOB_ALGOS = ("gaia", "fedavg", "dgc")
@@ -38,6 +41,8 @@ DEVICES = ("auto", "cpu", "cuda")
 WAN_MODES = ("off", "virtual", "real")
 WIRE_AUTH_MODES = ("on", "off")
 LR_SCHEDULES = ("step", "poly")
+DGC_SCOPES = ("global", "layer")
+DGC_CLIP_AT = ("gradient", "update")
 SEARCHES = ("hill", "stochastic", "annealing")
 
 
@@ -51,18 +56,20 @@ def _finite(x: float) -> bool:
 
 
 def opt(default: Any, *, help: str, flag: str | None = None, choices: tuple[str, ...] | None = None,
-        algos: tuple[str, ...] = (), metavar: str | None = None, group: str | None = None,
-        default_text: str | None = None) -> Any:
+        algos: tuple[str, ...] = (), norms: tuple[str, ...] = (), metavar: str | None = None,
+        group: str | None = None, default_text: str | None = None) -> Any:
     """A config field and its command-line face (the field's one line of documentation is ``help``).
 
     flag: the flag when it is not ``--`` + the field name with dashes; a bool field defaulting to
     True is switched off by its flag (``--no-progress``). choices: the registry the value must be
-    in. algos: the algorithms the option means something to (others warn that it does nothing).
+    in. algos: the algorithms the option means something to (others warn that it does nothing);
+    norms: likewise, the normalizations (``--norm``).
     group: the help section, when not the class's ``GROUP``. default_text: how ``--help`` shows
     the default when the value itself does not say it (``None`` meaning "off", a computed path).
     """
     return field(default=default, metadata={"help": help, "flag": flag, "choices": choices, "algos": algos,
-                                            "metavar": metavar, "group": group, "default_text": default_text})
+                                            "norms": norms, "metavar": metavar, "group": group,
+                                            "default_text": default_text})
 
 
 @dataclass(kw_only=True)
@@ -105,9 +112,23 @@ class ModelConfig:
 
     GROUP: ClassVar[str] = "model"
 
-    model: str = opt("lenet", choices=MODELS, help="network: lenet (the paper's CIFAR LeNet), resnet20, logreg, mlp")
-    norm: str = opt("none", choices=NORMS, help="normalization layers: none, batch (BN), group (GN, group size 2); "
-                    "resnet20 needs batch or group")
+    model: str = opt("cnn", choices=MODELS, help="network: cnn (McMahan et al. 2017's CNN; geodml's lenet before "
+                     "issue 21), lenet (the Quagmire authors' Caffe LeNet), resnet20, logreg, mlp")
+    norm: str = opt("none", choices=NORMS, help="normalization layers: none, batch (BN), group (GN), batchrenorm "
+                    "(BRN, lenet only); resnet20 needs batch or group")
+    gn_group_size: int | None = opt(None, norms=("group",), metavar="N", default_text="2 (the paper's text, "
+                                    "section 5.2) unless --gn-groups", help="GroupNorm: N channels per group")
+    gn_groups: int | None = opt(None, norms=("group",), metavar="N", default_text="off",
+                                help="GroupNorm: N groups per layer (the authors' gnlenet prototxt: 2; "
+                                "the paper's text says group size 2 instead); excludes --gn-group-size")
+    brn_steps: tuple[float, ...] = opt((5000.0, 20000.0, 20000.0), norms=("batchrenorm",),
+                                       help="BatchReNorm step_to_init,step_to_r_max,step_to_d_max: plain BN "
+                                       "before the first, r_max and d_max reached at the others (the authors' "
+                                       "K=2 prototxt: 5000,20000,20000 of 64,000 steps)")
+    brn_r_max: float = opt(4.0, norms=("batchrenorm",), help="BatchReNorm r_max (the authors' prototxt: 4)")
+    brn_d_max: float = opt(6.0, norms=("batchrenorm",), help="BatchReNorm d_max (the authors' prototxt: 6)")
+    brn_average_fraction: float = opt(0.99, norms=("batchrenorm",), help="BatchReNorm moving_average_fraction "
+                                      "(the authors' K=2 prototxt: 0.99)")
 
     def __post_init__(self) -> None:
         _check(self.model in MODELS, f"--model: unknown model {self.model!r}; choose one of {', '.join(MODELS)}")
@@ -115,6 +136,27 @@ class ModelConfig:
         allowed = MODEL_NORMS[self.model]
         _check(self.norm in allowed, f"--norm {self.norm} is not available for --model {self.model}; "
                                      f"use --norm {' or --norm '.join(allowed)}")
+        for flag, v in (("--gn-group-size", self.gn_group_size), ("--gn-groups", self.gn_groups)):
+            _check(v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1),
+                   f"{flag} must be an integer >= 1, got {v!r}")
+        _check(self.gn_group_size is None or self.gn_groups is None,
+               "--gn-group-size and --gn-groups are two readings of GroupNorm's grouping; give one")
+        if self.norm == "group":
+            n, what = ((self.gn_groups, "groups") if self.gn_groups is not None
+                       else (self.gn_group_size or 2, "channels per group"))
+            bad = [c for c in MODEL_NORM_CHANNELS.get(self.model, ()) if c % n]
+            _check(not bad, f"--model {self.model} has normalized layers of {bad} channels, "
+                            f"which {n} {what} do not divide")
+        steps = tuple(self.brn_steps)
+        _check(len(steps) == 3 and all(_finite(x) and x >= 0 and float(x) == int(x) for x in steps),
+               f"--brn-steps takes three whole step counts step_to_init,step_to_r_max,step_to_d_max, got {steps!r}")
+        _check(steps[0] < steps[1] and steps[0] < steps[2],
+               f"--brn-steps: step_to_init must come before step_to_r_max and step_to_d_max, got {steps!r}")
+        self.brn_steps = tuple(float(x) for x in steps)
+        _check(_finite(self.brn_r_max) and self.brn_r_max >= 1, f"--brn-r-max must be >= 1, got {self.brn_r_max!r}")
+        _check(_finite(self.brn_d_max) and self.brn_d_max >= 0, f"--brn-d-max must be >= 0, got {self.brn_d_max!r}")
+        _check(_finite(self.brn_average_fraction) and 0 <= self.brn_average_fraction <= 1,
+               f"--brn-average-fraction must be in [0, 1], got {self.brn_average_fraction!r}")
 
 
 @dataclass(kw_only=True)
@@ -181,6 +223,11 @@ class AlgoConfig:
     clip_norm: float | None = opt(None, algos=DGC, default_text="off", help="global L2 gradient-clipping threshold; "
                                   "each partition clips its own gradient at clip_norm/sqrt(K) (Lin et al.)")
     dgc_sample_ratio: float = opt(0.01, algos=DGC, help="fraction of elements sampled to estimate the top-s threshold")
+    dgc_scope: str = opt("global", algos=DGC, choices=DGC_SCOPES, help="global: one top-s over the whole model "
+                         "(the Quagmire pseudocode); layer: the top-s of every layer (Lin et al.)")
+    dgc_clip_at: str = opt("gradient", algos=DGC, choices=DGC_CLIP_AT, help="with --clip-norm: gradient: clip each "
+                           "partition's gradient at clip_norm/sqrt(K) before momentum (Lin et al.); update: clip the "
+                           "momentum-corrected update at clip_norm, as the authors' parameter server does")
     # FederatedAveraging (Algorithm 2) and variants
     iter_local: int = opt(20, algos=FEDAVG, help="local iterations between model averages (Iter_Local)")
     reset_momentum: bool = opt(False, algos=FEDAVG, help="reset the local momentum buffer every round "
@@ -209,6 +256,10 @@ class AlgoConfig:
                f"--clip-norm must be > 0, got {self.clip_norm!r}")
         _check(_finite(self.dgc_sample_ratio) and 0 < self.dgc_sample_ratio <= 1,
                f"--dgc-sample-ratio must be in (0, 1], got {self.dgc_sample_ratio!r}")
+        _check(self.dgc_scope in DGC_SCOPES,
+               f"--dgc-scope: choose one of {', '.join(DGC_SCOPES)}, got {self.dgc_scope!r}")
+        _check(self.dgc_clip_at in DGC_CLIP_AT,
+               f"--dgc-clip-at: choose one of {', '.join(DGC_CLIP_AT)}, got {self.dgc_clip_at!r}")
         _check(isinstance(self.iter_local, int) and self.iter_local >= 1,
                f"--iter-local must be an integer >= 1, got {self.iter_local!r}")
         _check(_finite(self.client_fraction) and 0 < self.client_fraction <= 1,
@@ -445,6 +496,8 @@ class Option:
     choices: tuple[str, ...] | None
     algos: tuple[str, ...]
     """The algorithms the option means something to; empty: all of them."""
+    norms: tuple[str, ...]
+    """The normalizations (--norm) the option means something to; empty: all of them."""
     metavar: str | None
     default_text: str | None
 
@@ -511,7 +564,8 @@ def _options() -> tuple[Option, ...]:
             dest = (flag.removeprefix("--no-") if off_switch else flag.removeprefix("--")).replace("-", "_")
             out.append(Option(section=section, name=f.name, flag=flag, dest=dest, kind=kind, default=f.default,
                               help=m["help"], group=m["group"] or getattr(cls, "GROUP"), choices=m["choices"],
-                              algos=m["algos"], metavar=m["metavar"], default_text=m["default_text"]))
+                              algos=m["algos"], norms=m["norms"], metavar=m["metavar"],
+                              default_text=m["default_text"]))
     return tuple(out)
 
 

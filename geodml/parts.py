@@ -152,7 +152,7 @@ def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: 
     from geodml.comm import build_comm
     from geodml.data.partition import format_partition_table, partition_report
     from geodml.metrics.sinks import MultiSink, Sink
-    from geodml.models import build_model, count_parameters
+    from geodml.models import build_from_config, count_parameters
     from geodml.peerwatch import fault_hook_from_env
     from geodml.runtime import collective_device
     from geodml.trainer import Schedule, TrainData, Trainer, steps_per_epoch
@@ -172,8 +172,7 @@ def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: 
     report = partition_report(labels, parts, ds.num_classes)
     startup.moved_to_preflight("data_s", pre.data_s)
 
-    model = build_model(cfg.model.model, cfg.model.norm, ds.input_shape, ds.num_classes,
-                        generator_seed=cfg.seed).to(device)
+    model = build_from_config(cfg.model, ds.input_shape, ds.num_classes, generator_seed=cfg.seed).to(device)
     flat = FlatParams(model)
     spe = steps_per_epoch(len(labels), world, cfg.optim.batch_size)
     total_steps = cfg.optim.steps or max(1, round(cfg.optim.epochs * spe))

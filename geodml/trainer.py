@@ -89,7 +89,7 @@ def learning_rate(cfg: OptimConfig, step: int, spe: int, total_steps: int) -> fl
 
 
 # Evaluations at once in this process: partitions hosted as threads would otherwise hold one
-# 1000-example batch of activations each (hundreds of MB apiece for LeNet on 28x28 images).
+# 1000-example batch of activations each (hundreds of MB apiece for the CNN on 28x28 images).
 _EVAL_SLOTS = threading.BoundedSemaphore(max(1, os.cpu_count() or 1))
 
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from tests.support.procs import run_torchrun
 
-COMMON = ["--dataset", "digits", "--model", "lenet", "--norm", "none", "--no-progress", "--wan", "off"]
+COMMON = ["--dataset", "digits", "--model", "cnn", "--norm", "none", "--no-progress", "--wan", "off"]
 
 
 def _load_params(path):
@@ -49,7 +49,7 @@ def _reference_bsp(k, seed, steps, lr0, milestones_epochs, momentum, wd, batch):
     parts = make_partitioner(DataConfig(partition="label", skew=1.0)).split(labels, k, np.random.default_rng([seed, 0xDA7A]))
     samplers = [BatchSampler(parts[r], batch, seed, r) for r in range(k)]
     spe = steps_per_epoch(len(labels), k, batch)
-    model = build_model("lenet", "none", ds.input_shape, ds.num_classes, generator_seed=seed).double()
+    model = build_model("cnn", "none", ds.input_shape, ds.num_classes, generator_seed=seed).double()
     params = list(model.parameters())
     u = [torch.zeros_like(p) for p in params]
     x, y = ds.train_x.double(), ds.train_y
@@ -88,7 +88,7 @@ def test_bsp_equals_single_process_on_union_of_minibatches(tmp_path):
 
 @pytest.mark.integration
 def test_bsp_ledger_matches_ring_model(tmp_path):
-    """K=4, LeNet on 8x8 digits has 188,810 float32 parameters (755,240 B). Ring all-reduce:
+    """K=4, the CNN on 8x8 digits has 188,810 float32 parameters (755,240 B). Ring all-reduce:
     chunks of 47,203 elements (188,810 = 4*47,202 + 2 -> two chunks of 47,203, two of 47,202);
     every rank sends 2(K-1) = 6 chunks per step. Over all ranks each chunk index is sent 6
     times in total, so all ranks together send 6 * 188,810 * 4 B = 4,531,440 B per step."""

@@ -17,7 +17,7 @@ from tests.support.procs import run_torchrun
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")]
 
-COMMON = ["--dataset", "digits", "--model", "lenet", "--steps", "20", "--eval-every", "10", "--no-progress"]
+COMMON = ["--dataset", "digits", "--model", "cnn", "--steps", "20", "--eval-every", "10", "--no-progress"]
 
 
 def _sd(path):

@@ -437,7 +437,7 @@ def test_multiprocess_matches_in_process_simulation():
 @pytest.mark.integration
 def test_torchrun_dgc_end_to_end(tmp_path):
     k, out = 3, tmp_path / "run"
-    r = run_torchrun(k, ["--algo", "dgc", "--dataset", "digits", "--model", "lenet", "--no-progress", "--wan", "off",
+    r = run_torchrun(k, ["--algo", "dgc", "--dataset", "digits", "--model", "cnn", "--no-progress", "--wan", "off",
                          "--epochs", "2", "--e-warm", "0.5", "--log-every", "5", "--eval-every", "1000",
                          "--out", str(out)], timeout_s=180)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -462,3 +462,76 @@ def test_torchrun_dgc_end_to_end(tmp_path):
     min_bytes = sum(8 * target_count(warmup_sparsity(t, spe, 0.5, 0.999), n) for t in range(s["steps"])) * k * (k - 1)
     assert min_bytes == 12 * (47_203 + 11_801 + 2_951 + 738) * 8 * 3 * 2
     assert min_bytes <= s["wan_bytes_total"] <= 1.3 * min_bytes + 200 * s["steps"] * k * (k - 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Selection scope (--dgc-scope) and where clipping happens (--dgc-clip-at)
+
+def _make_model(model_fn, k, **kw):
+    group = InProcessGroup(k)
+    algos = []
+    for r in range(k):
+        flat = FlatParams(model_fn())
+        flat.data.zero_()
+        algos.append(DGC(flat=flat, comm=group.comm(r), momentum=0.9, ctx=_ctx(r, k), **kw))
+    return algos
+
+
+def test_scopes_agree_on_a_one_layer_model():
+    """A Linear layer's weight and bias are one layer: per-layer top-k is the global top-k."""
+    runs = {}
+    for scope in ("global", "layer"):
+        algos = _make_model(lambda: nn.Linear(300, 4), 2, sparsity=0.99, e_warm=0.0, sample_ratio=0.05, scope=scope)
+        assert algos[0].flat.layers == [(0, 1204)]
+        g = torch.Generator().manual_seed(7)
+        for step in range(6):
+            _step(algos, step, 0.1, [torch.randn(1204, generator=g) for _ in algos])
+        runs[scope] = [(a.flat.data.clone(), a.v.clone(), a.total_sent) for a in algos]
+    for (wg, vg, ng), (wl, vl, nl) in zip(runs["global"], runs["layer"]):
+        assert torch.equal(wg, wl) and torch.equal(vg, vl) and ng == nl > 0
+
+
+def _two_layers() -> nn.Module:
+    return nn.Sequential(nn.Linear(2, 2, bias=False), nn.Linear(2, 1, bias=False))  # 4 + 2 entries
+
+
+def test_layer_scope_selects_per_layer_by_hand():
+    """K=1, lr 1, momentum 0, s = 50%: v = -grad = [1, 5, 2, 0.5 | 4, 3].
+
+    layer: ceil(0.5 * 4) = 2 of layer 1 (5 and 2, entries 1 and 2) and ceil(0.5 * 2) = 1 of layer 2
+    (4, entry 4) -> w = [0, 5, 2, 0, 4, 0]. global: ceil(0.5 * 6) = 3 of all (5, 4, 3) -> w = [0, 5, 0, 0, 4, 3].
+    """
+    grad = torch.tensor([-1.0, -5.0, -2.0, -0.5, -4.0, -3.0])
+    want = {"layer": [0.0, 5.0, 2.0, 0.0, 4.0, 0.0], "global": [0.0, 5.0, 0.0, 0.0, 4.0, 3.0]}
+    for scope, w in want.items():
+        group = InProcessGroup(1)
+        flat = FlatParams(_two_layers())
+        flat.data.zero_()
+        assert flat.layers == [(0, 4), (4, 2)]
+        a = DGC(flat=flat, comm=group.comm(0), momentum=0.0, ctx=_ctx(0, 1), sparsity=0.5, e_warm=0.0, scope=scope)
+        _step([a], 0, 1.0, [grad])
+        assert flat.data.tolist() == w, scope
+        assert a.last_sent == 3
+        torch.testing.assert_close(a.v, torch.tensor([1.0, 5.0, 2.0, 0.5, 4.0, 3.0]) - torch.tensor(w))
+
+
+@pytest.mark.parametrize("clip_at, w1", [("gradient", 1.5), ("update", 1.26896)])
+def test_clip_at_gradient_or_update_by_hand(clip_at, w1):
+    """K=1, lr 1, momentum 0.5, clip_norm 1, s = 50% of 2 entries (one sent a step).
+
+    step 0, grad [-3, -4] (norm 5): both ways u = [0.6, 0.8]; v = u; send entry 1 -> w = [0, 0.8];
+      u = [0.6, 0] (momentum masking), v = [0.6, 0].
+    step 1, grad [-1.5, -2] (norm 2.5):
+      gradient: g clipped to [0.6, 0.8]; u = 0.5 [0.6, 0] + [0.6, 0.8] = [0.9, 0.8]; v = [1.5, 0.8] -> w0 = 1.5.
+      update: u = [0.3, 0] + [1.5, 2] = [1.8, 2] (norm 2.69072) -> [0.66896, 0.74329];
+        v = [1.26896, 0.74329] -> w0 = 1.26896.
+    """
+    group = InProcessGroup(1)
+    flat = FlatParams(nn.Linear(2, 1, bias=False))
+    flat.data.zero_()
+    a = DGC(flat=flat, comm=group.comm(0), momentum=0.5, ctx=_ctx(0, 1), sparsity=0.5, e_warm=0.0, clip_norm=1.0,
+            clip_at=clip_at)
+    _step([a], 0, 1.0, [torch.tensor([-3.0, -4.0])])
+    torch.testing.assert_close(flat.data, torch.tensor([0.0, 0.8]))
+    _step([a], 1, 1.0, [torch.tensor([-1.5, -2.0])])
+    torch.testing.assert_close(flat.data, torch.tensor([w1, 0.8]), atol=1e-5, rtol=0)

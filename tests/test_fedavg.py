@@ -515,7 +515,7 @@ def _train(k, make_algo, *, steps, partition="iid", seed=3, batch=8):
     spe = steps_per_epoch(len(labels), k, batch)
 
     # built here, not in the threads: build_model seeds the process-wide generator
-    models = [build_model("lenet", "none", ds.input_shape, ds.num_classes, generator_seed=seed) for _ in range(k)]
+    models = [build_model("cnn", "none", ds.input_shape, ds.num_classes, generator_seed=seed) for _ in range(k)]
 
     def fn(rank, comm):
         model = models[rank]
@@ -572,8 +572,8 @@ def test_fedvc_and_fedir_with_the_trainer_label_skew():
 
 
 # ---- end to end: torchrun, gloo, the real Comm ----------------------------------------------------
-COMMON = ["--dataset", "digits", "--model", "lenet", "--norm", "none", "--no-progress", "--wan", "off"]
-NUMEL = 188_810            # LeNet on 8x8 digits (tests/test_models.py)
+COMMON = ["--dataset", "digits", "--model", "cnn", "--norm", "none", "--no-progress", "--wan", "off"]
+NUMEL = 188_810            # the CNN on 8x8 digits (tests/test_models.py)
 
 
 def _sd(path):

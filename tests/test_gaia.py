@@ -13,7 +13,7 @@ from geodml.algorithms.base import AlgoContext, FlatParams
 from geodml.algorithms.gaia import Gaia
 from tests.support.procs import run_torchrun
 
-COMMON = ["--dataset", "digits", "--model", "lenet", "--norm", "none", "--no-progress", "--wan", "off"]
+COMMON = ["--dataset", "digits", "--model", "cnn", "--norm", "none", "--no-progress", "--wan", "off"]
 
 
 def _ctx(k=1):
@@ -89,7 +89,7 @@ def _reference_sum_of_updates(k, seed, steps, lr, momentum, wd, batch):
     ds = load_dataset("digits", None, seed=seed)
     parts = make_partitioner(DataConfig(partition="iid")).split(ds.train_y.numpy(), k, np.random.default_rng([seed, 0xDA7A]))
     samplers = [BatchSampler(parts[r], batch, seed, r) for r in range(k)]
-    model = build_model("lenet", "none", ds.input_shape, ds.num_classes, generator_seed=seed).double()
+    model = build_model("cnn", "none", ds.input_shape, ds.num_classes, generator_seed=seed).double()
     params = list(model.parameters())
     u = [[torch.zeros_like(p) for p in params] for _ in range(k)]
     x = ds.train_x.double()
@@ -144,7 +144,7 @@ def test_huge_threshold_is_independent_local_training(tmp_path):
     parts = make_partitioner(DataConfig(partition="iid")).split(ds.train_y.numpy(), k, np.random.default_rng([seed, 0xDA7A]))
     models = _models(out, k)
     for r_ in range(k):
-        model = build_model("lenet", "none", ds.input_shape, ds.num_classes, generator_seed=seed)
+        model = build_model("cnn", "none", ds.input_shape, ds.num_classes, generator_seed=seed)
         opt_u = [torch.zeros_like(p) for p in model.parameters()]
         sampler = BatchSampler(parts[r_], 20, seed, r_)
         for _ in range(s["steps"]):

@@ -3,16 +3,16 @@
 Hand arithmetic (a conv/linear layer has in*out*k*k weights + out biases; a BatchNorm or
 GroupNorm layer has 2*C affine parameters; a layer followed by a norm has no bias):
 
-LeNet, norm none (Quagmire Appendix C):
+CNN (McMahan et al. 2017's CNN; geodml's "cnn" before issue 21), norm none:
   3x32x32: conv1 3*25*32+32 = 2,432; 32->28->14; conv2 32*25*64+64 = 51,264; 14->10->5;
            fc1 64*5*5*512+512 = 819,712; fc2 512*10+10 = 5,130        -> 878,538
   1x28x28: conv1 1*25*32+32 = 832; 28->24->12; conv2 51,264; 12->8->4;
            fc1 64*4*4*512+512 = 524,800; fc2 5,130                    -> 582,026
   1x8x8:   padding 2: 8->8->4->4->2; conv1 832; conv2 51,264;
            fc1 64*2*2*512+512 = 131,584; fc2 5,130                    -> 188,810
-BN-/GN-LeNet (norm after each conv, §5.1): drop conv biases (-32-64), add 2*32+2*64 = 192
+BN-/GN-CNN (norm after each conv): drop conv biases (-32-64), add 2*32+2*64 = 192
   -> +96: 878,634 / 582,122 / 188,906
-BN-LeNet with norm_fc1: also drop fc1 bias (-512) and add BatchNorm1d(512) (+1,024) -> +512 more:
+BN-CNN with norm_fc1: also drop fc1 bias (-512) and add BatchNorm1d(512) (+1,024) -> +512 more:
   879,146 / 582,634 / 189,418
 ResNet-20, option A, 3x32x32, 10 classes:
   conv1 3*9*16 = 432 + bn 32; stage1 6*16*9*16 = 13,824 + 6*32 = 192;
@@ -33,8 +33,8 @@ import pytest
 import torch
 from torch import nn
 
-from geodml.models import MODEL_NAMES, MODEL_NORMS, NORMS, build_model, count_parameters
-from geodml.models.lenet import LeNet, lenet_geometry
+from geodml.models import MODEL_NAMES, MODEL_NORMS, build_model, count_parameters
+from geodml.models.cnn import CNN, cnn_geometry
 
 CIFAR = (3, 32, 32)
 MNIST = (1, 28, 28)
@@ -44,25 +44,25 @@ COMBOS = [(name, norm) for name in MODEL_NAMES for norm in MODEL_NORMS[name]]
 
 
 @pytest.mark.parametrize("shape, expected", [(CIFAR, 878_538), (MNIST, 582_026), (DIGITS, 188_810)])
-def test_lenet_parameter_count(shape, expected):
-    assert count_parameters(build_model("lenet", "none", shape, 10)) == expected
+def test_cnn_parameter_count(shape, expected):
+    assert count_parameters(build_model("cnn", "none", shape, 10)) == expected
 
 
-def test_lenet_cifar_layer_sizes_match_paper():
-    m = build_model("lenet", "none", CIFAR, 10)
+def test_cnn_cifar_layer_sizes():
+    m = build_model("cnn", "none", CIFAR, 10)
     sizes = [sum(p.numel() for p in layer.parameters()) for layer in (m.conv1, m.conv2, m.fc1, m.fc2)]
     assert sizes == [2432, 51264, 819712, 5130]
 
 
 @pytest.mark.parametrize("norm", ["batch", "group"])
 @pytest.mark.parametrize("shape, expected", [(CIFAR, 878_634), (MNIST, 582_122), (DIGITS, 188_906)])
-def test_normalized_lenet_parameter_count(norm, shape, expected):
-    assert count_parameters(build_model("lenet", norm, shape, 10)) == expected
+def test_normalized_cnn_parameter_count(norm, shape, expected):
+    assert count_parameters(build_model("cnn", norm, shape, 10)) == expected
 
 
 @pytest.mark.parametrize("shape, expected", [(CIFAR, 879_146), (MNIST, 582_634), (DIGITS, 189_418)])
-def test_bn_lenet_with_fc1_norm_parameter_count(shape, expected):
-    m = LeNet(*shape, 10, "batch", norm_fc1=True)
+def test_bn_cnn_with_fc1_norm_parameter_count(shape, expected):
+    m = CNN(*shape, 10, "batch", norm_fc1=True)
     assert isinstance(m.norm_fc1, nn.BatchNorm1d) and m.fc1.bias is None
     assert count_parameters(m) == expected
 
@@ -70,7 +70,7 @@ def test_bn_lenet_with_fc1_norm_parameter_count(shape, expected):
 def test_fc1_groupnorm_is_refused():
     # Two scalars per group normalize to +-1: the magnitude of fc1's output would be lost.
     with pytest.raises(ValueError, match="norm_fc1"):
-        LeNet(*CIFAR, 10, "group", norm_fc1=True)
+        CNN(*CIFAR, 10, "group", norm_fc1=True)
 
 
 @pytest.mark.parametrize("shape, padding, flat", [
@@ -79,15 +79,15 @@ def test_fc1_groupnorm_is_refused():
     ((1, 15, 15), 2, 64 * 3 * 3),   # 15 would vanish unpadded; 'same': 15->7->3
     ((1, 4, 4), 2, 64 * 1 * 1),
 ])
-def test_lenet_shape_rule(shape, padding, flat):
-    m = build_model("lenet", "none", shape, 10)
+def test_cnn_shape_rule(shape, padding, flat):
+    m = build_model("cnn", "none", shape, 10)
     assert (m.padding, m.flatten_features) == (padding, flat)
     assert m(torch.zeros(1, *shape)).shape == (1, 10)
 
 
-def test_lenet_rejects_tiny_input():
+def test_cnn_rejects_tiny_input():
     with pytest.raises(ValueError, match="at least 4x4"):
-        lenet_geometry(3, 8)
+        cnn_geometry(3, 8)
 
 
 @pytest.mark.parametrize("norm", ["batch", "group"])
@@ -124,19 +124,19 @@ def test_output_shape(name, norm, shape):
     assert all(p.grad is not None for p in m.parameters())
 
 
-@pytest.mark.parametrize("name", ["lenet", "resnet20"])
+@pytest.mark.parametrize("name", ["cnn", "resnet20"])
 def test_groupnorm_has_two_channels_per_group(name):
     m = build_model(name, "group", CIFAR, 10)
     gns = [x for x in m.modules() if isinstance(x, nn.GroupNorm)]
     assert gns and not any(isinstance(x, nn.modules.batchnorm._BatchNorm) for x in m.modules())
     assert all(g.num_groups == g.num_channels // 2 for g in gns)
-    # LeNet: 32 -> 16 groups, 64 -> 32; ResNet-20 stages: 16/32/64 -> 8/16/32 groups.
-    expected = {16, 32} if name == "lenet" else {8, 16, 32}
+    # CNN: 32 -> 16 groups, 64 -> 32; ResNet-20 stages: 16/32/64 -> 8/16/32 groups.
+    expected = {16, 32} if name == "cnn" else {8, 16, 32}
     assert {g.num_groups for g in gns} == expected
 
 
-def test_bn_lenet_normalizes_after_each_conv_only():
-    m = build_model("lenet", "batch", CIFAR, 10)
+def test_bn_cnn_normalizes_after_each_conv_only():
+    m = build_model("cnn", "batch", CIFAR, 10)
     bns = [x for x in m.modules() if isinstance(x, nn.modules.batchnorm._BatchNorm)]
     assert [type(b) for b in bns] == [nn.BatchNorm2d, nn.BatchNorm2d]
     assert [b.num_features for b in bns] == [32, 64]
@@ -146,14 +146,14 @@ def test_bn_lenet_normalizes_after_each_conv_only():
 def test_groupnorm_output_is_independent_of_other_samples_in_train_mode():
     # The property §5.2 relies on: GN normalizes each sample on its own, BN over the batch.
     x = torch.randn(4, *CIFAR)
-    gn = build_model("lenet", "group", CIFAR, 10, generator_seed=1).train()
+    gn = build_model("cnn", "group", CIFAR, 10, generator_seed=1).train()
     torch.testing.assert_close(gn(x)[:1], gn(x[:1]))
-    bn = build_model("lenet", "batch", CIFAR, 10, generator_seed=1).train()
+    bn = build_model("cnn", "batch", CIFAR, 10, generator_seed=1).train()
     assert not torch.allclose(bn(x)[:1], bn(x[:2])[:1])
 
 
-def test_bn_lenet_eval_is_deterministic_and_per_sample():
-    m = build_model("lenet", "batch", CIFAR, 10, generator_seed=3)
+def test_bn_cnn_eval_is_deterministic_and_per_sample():
+    m = build_model("cnn", "batch", CIFAR, 10, generator_seed=3)
     m.train()
     with torch.no_grad():
         m(torch.randn(8, *CIFAR) * 2 + 1)  # move the running statistics away from (0, 1)
@@ -188,10 +188,10 @@ def test_generator_seed_leaves_global_rng_untouched():
 
 def test_seeded_build_does_not_depend_on_global_rng():
     torch.manual_seed(0)
-    a = build_model("lenet", "group", DIGITS, 10, generator_seed=5).state_dict()
+    a = build_model("cnn", "group", DIGITS, 10, generator_seed=5).state_dict()
     torch.manual_seed(999)
     torch.rand(10)
-    b = build_model("lenet", "group", DIGITS, 10, generator_seed=5).state_dict()
+    b = build_model("cnn", "group", DIGITS, 10, generator_seed=5).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -203,12 +203,12 @@ def test_unseeded_build_uses_global_rng():
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.parametrize("norm", NORMS)
-def test_one_sgd_step_reduces_lenet_loss(norm):
+@pytest.mark.parametrize("norm", MODEL_NORMS["cnn"])
+def test_one_sgd_step_reduces_cnn_loss(norm):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(8, *DIGITS, generator=g)
     y = torch.randint(0, 10, (8,), generator=g)
-    m = build_model("lenet", norm, DIGITS, 10, generator_seed=0)
+    m = build_model("cnn", norm, DIGITS, 10, generator_seed=0)
     # Train mode throughout, as the trainer steps: BN uses the same batch's statistics for
     # both losses, so the comparison measures the weight change only.
     loss_fn = nn.CrossEntropyLoss()
@@ -223,15 +223,15 @@ def test_one_sgd_step_reduces_lenet_loss(norm):
 
 
 @pytest.mark.parametrize("args, match", [
-    (("alexnet", "none", CIFAR, 10), "unknown model 'alexnet'; choose one of lenet, resnet20, logreg, mlp"),
-    (("lenet", "layer", CIFAR, 10), "unknown norm 'layer'; choose one of none, batch, group"),
+    (("alexnet", "none", CIFAR, 10), "unknown model 'alexnet'; choose one of cnn, lenet, resnet20, logreg, mlp"),
+    (("cnn", "layer", CIFAR, 10), "unknown norm 'layer'; choose one of none, batch, group, batchrenorm"),
     (("resnet20", "none", CIFAR, 10), "does not support norm 'none'; use one of batch, group"),
     (("logreg", "batch", CIFAR, 10), "does not support norm 'batch'; use one of none"),
     (("mlp", "group", CIFAR, 10), "does not support norm 'group'; use one of none"),
-    (("lenet", "none", (32, 32), 10), "input_shape"),
-    (("lenet", "none", (3, 0, 32), 10), "input_shape"),
-    (("lenet", "none", CIFAR, 1), "num_classes"),
-    (("lenet", "none", (1, 2, 2), 10), "at least 4x4"),
+    (("cnn", "none", (32, 32), 10), "input_shape"),
+    (("cnn", "none", (3, 0, 32), 10), "input_shape"),
+    (("cnn", "none", CIFAR, 1), "num_classes"),
+    (("cnn", "none", (1, 2, 2), 10), "at least 4x4"),
 ])
 def test_bad_arguments_raise_value_error(args, match):
     with pytest.raises(ValueError, match=re.escape(match)):

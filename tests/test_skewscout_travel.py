@@ -85,7 +85,7 @@ def test_gaia_skewscout_end_to_end(tmp_path, partition, direction):
     # 40 steps before the first decision (barely trained models disagree even on IID data) and
     # 300 evaluation samples (AL's sampling noise is about +-0.03 with 100)
     k, every, steps, out = 3, 40, 120, tmp_path / "run"
-    r = run_torchrun(k, ["--dataset", "digits", "--model", "lenet", "--algo", "gaia", "--t0", "0.1", "--skewscout",
+    r = run_torchrun(k, ["--dataset", "digits", "--model", "cnn", "--algo", "gaia", "--t0", "0.1", "--skewscout",
                          "--travel-every", str(every), "--travel-samples", "300", "--steps", str(steps), "--no-progress",
                          "--wan", "off",
                          "--eval-every", "1000", "--out", str(out), *partition], timeout_s=180)
@@ -97,7 +97,7 @@ def test_gaia_skewscout_end_to_end(tmp_path, partition, direction):
     else:
         assert traj[1] > 0.1 and traj[-1] >= 0.3
     s = json.loads((out / "summary.json").read_text())
-    numel = 188_810  # LeNet on 8x8 digits
+    numel = 188_810  # the CNN on 8x8 digits
     expected = 0
     for step in range(every, steps + 1, every):
         for src in range(k):

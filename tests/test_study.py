@@ -56,9 +56,9 @@ def test_full_budget_scales_schedule_and_dgc_warmup(tmp_path):
 
 @pytest.mark.parametrize("name, argv, count, some", [
     ("noniid", [], 8, "dgc-e_warm-8-noniid-100"),
-    ("norm", [], 16, "gaia-t0-0.1-gn-lenet-noniid-100"),
-    ("skew", [], 12, "fedavg-iter_local-20-gn-lenet-noniid-80"),   # 4 algos x (iid, 20%, 80%)
-    ("skew", ["--budget", "full"], 20, "bsp-gn-lenet-noniid-40"),  # 4 algos x (iid, 20, 40, 60, 80%)
+    ("norm", [], 16, "gaia-t0-0.1-gn-cnn-noniid-100"),
+    ("skew", [], 12, "fedavg-iter_local-20-gn-cnn-noniid-80"),   # 4 algos x (iid, 20%, 80%)
+    ("skew", ["--budget", "full"], 20, "bsp-gn-cnn-noniid-40"),  # 4 algos x (iid, 20, 40, 60, 80%)
     ("hparams", [], 14, "dgc-e_warm-1-noniid-100"),               # BSP x2 + 3 algos x 2 grid ends x 2
     ("hparams", ["--budget", "full"], 40, "fedavg-iter_local-500-iid"),  # 2 + (7 + 7 + 5) x 2
     ("dirichlet", [], 4, "fedavgm-iter_local-20-dirichlet-0.1"),
@@ -70,10 +70,20 @@ def test_study_plans(name, argv, count, some, tmp_path):
     assert len(cells) == count and some in cells
 
 
+def test_study_model_choice(tmp_path):
+    """--model cnn (the default: what the studies ran before issue 21) or lenet (the authors' network)."""
+    _, _, cells = planned("norm", ["--budget", "quick"], tmp_path)
+    assert flag(cells["bsp-bn-cnn-iid"].spec.argv, "--model") == "cnn" and cells["bsp-bn-cnn-iid"].model == "BN-CNN"
+    _, _, cells = planned("norm", ["--budget", "quick", "--model", "lenet"], tmp_path)
+    assert flag(cells["bsp-gn-lenet-iid"].spec.argv, "--model") == "lenet"
+    assert cells["bsp-gn-lenet-iid"].model == "GN-LeNet" and cells["bsp-gn-lenet-iid"].spec.argv.count("--model") == 1
+    assert paper.model_label("lenet", "batchrenorm") == "BRN-LeNet"
+
+
 def test_norm_and_dirichlet_flags(tmp_path):
     _, _, cells = planned("norm", ["--budget", "quick"], tmp_path)
-    assert flag(cells["bsp-bn-lenet-iid"].spec.argv, "--norm") == "batch"
-    assert flag(cells["bsp-gn-lenet-iid"].spec.argv, "--norm") == "group"
+    assert flag(cells["bsp-bn-cnn-iid"].spec.argv, "--norm") == "batch"
+    assert flag(cells["bsp-gn-cnn-iid"].spec.argv, "--norm") == "group"
     _, _, cells = planned("dirichlet", ["--budget", "quick", "--server-momentum", "0.8"], tmp_path)
     m = cells["fedavgm-iter_local-20-dirichlet-0.1"].spec.argv
     assert flag(m, "--alpha") == "0.1" and flag(m, "--server-momentum") == "0.8" and flag(m, "--server-lr") == "0.2"

@@ -71,6 +71,8 @@ class FlatParams:
     the model is a view into them, so an algorithm works on one flat tensor with no per-step
     allocation (DESIGN.md style rule 12) and autograd accumulates straight into ``grad``.
     Buffers (BatchNorm running statistics) stay in the model; ``float_buffers`` lists them.
+    ``layers`` lists each layer's ``(offset, numel)`` in ``data``: the parameters a module owns
+    directly (a conv's weight and bias), contiguous, in order, covering ``data`` exactly.
     """
 
     def __init__(self, model: nn.Module) -> None:
@@ -82,13 +84,28 @@ class FlatParams:
         self.data = torch.zeros(self.numel, dtype=ref.dtype, device=ref.device)
         self.grad = torch.zeros_like(self.data)
         offset = 0
+        start = {}
         for p in params:
             n = p.numel()
+            start[id(p)] = offset
             self.data[offset:offset + n].copy_(p.detach().reshape(-1))
             p.data = self.data[offset:offset + n].view_as(p)
             p.grad = self.grad[offset:offset + n].view_as(p)
             offset += n
         self.params = params
+        self.layers: list[tuple[int, int]] = []
+        seen: set[int] = set()
+        for module in model.modules():
+            own = [p for p in module.parameters(recurse=False) if id(p) in start and id(p) not in seen]
+            if own:
+                seen.update(id(p) for p in own)
+                n = sum(p.numel() for p in own)
+                first = start[id(own[0])]
+                assert all(start[id(q)] == start[id(p)] + p.numel() for p, q in zip(own, own[1:])), \
+                    "a module's parameters are contiguous in model.parameters() order"
+                self.layers.append((first, n))
+        assert sum(n for _, n in self.layers) == self.numel and \
+            all(a + n == b for (a, n), (b, _) in zip(self.layers, self.layers[1:])), "layers tile the flat buffer"
         self.float_buffers = [b for b in model.buffers() if b.is_floating_point()]
 
     def zero_grad(self) -> None:

@@ -22,7 +22,7 @@ cleared every step) one step is ``w -= lr * sum_k grad_k = K * lr * mean_grad``,
 BSP step at the same ``--lr`` (BSP averages the gradients). The DGC paper instead folds 1/K into
 every node's gradient so that its sum is the mean; a user who wants DGC's global step size at a
 BSP learning rate ``lr_bsp`` runs DGC with ``--lr lr_bsp/K``. We follow the Quagmire pseudocode.
-It matters: digits, LeNet, K=5, 30 epochs, ``--e-warm 1``: at ``--lr 0.02`` IID reaches 96.9%
+It matters: digits, the CNN (--model cnn), K=5, 30 epochs, ``--e-warm 1``: at ``--lr 0.02`` IID reaches 96.9%
 (BSP 97.5%) but 100% non-IID diverges to 10% once s reaches 99.9%; at ``--lr 0.004`` (0.02/K)
 non-IID reaches 96.9%.
 
@@ -43,6 +43,24 @@ local gradient is rescaled so that ``||grad||_2 <= clip_norm / sqrt(K)``, where 
 ``g = -lr * grad`` (line 5) is the same thing at threshold ``lr * clip_norm / sqrt(K)``.
 Default ``None``: no clipping. A norm threshold is model-specific and neither paper states one
 for the CNNs studied here, so clipping is opt-in; when on, it behaves as DGC describes.
+
+**Selection scope** (``--dgc-scope``). ``global`` (the default, as the Quagmire pseudocode's
+line 8 reads): one top-s% over the whole flattened model. ``layer``: Lin et al. select per
+layer (their §3 and released compressor): every layer -- the parameters one module owns, a
+conv's weight with its bias (``FlatParams.layers``) -- sends its own top
+k_l = ceil((1 - s) * N_l) entries, at least one, so small layers always send something and a
+layer with large updates cannot crowd out the others. The Quagmire authors' parameter server
+(kevinhsieh/non_iid_dml, ``src/server/tablet-server.cpp``, ``send_dgc_mirror_updates``) selects
+per table instead: a table holds up to ``layers_per_table=5`` layers with parameters (all four of
+LeNet's in one), and each tablet server selects over its share of the table, with
+k = max(1, floor((1 - s) N)). On one layer both scopes are the same selection (tested).
+
+**Where clipping happens** (``--dgc-clip-at``). ``gradient`` (default): the local gradient is
+clipped before momentum at ``clip_norm / sqrt(K)`` (Lin et al., below). ``update``: as the
+released parameter server does, the momentum-corrected update u (line 6) is clipped at
+``clip_norm`` itself and the clipped u is kept as the momentum buffer (its
+``gradient_clip_threshold``, applied to ``update_history`` before the accumulation; the
+released LeNet configurations leave it at 0, i.e. off).
 
 **Threshold selection** (Lin et al.'s sampled top-k, geodml.algorithms.topk.TopSelector): the
 threshold is estimated on a 0.1-1% sample of |v| and computed exactly among the candidates when
@@ -75,7 +93,7 @@ this partition after a step (v: what is still unsent) and averaged over the meas
 the current epoch (and of the last completed epoch). To keep it off the hot path (it reads v
 and w in full, ~1.2 ms at 0.9M parameters), it is measured every ``stride = ceil(N / 65,536)``
 steps and on the first step of every epoch: every step for N <= 65,536, every 3rd for digits
-LeNet, every 14th for CIFAR LeNet (~35 samples per epoch of 500 steps), ~0.1 ms per step
+CNN, every 14th for the CIFAR CNN (~35 samples per epoch of 500 steps), ~0.1 ms per step
 amortized.
 """
 
@@ -91,6 +109,7 @@ import torch
 from geodml.algorithms.base import AlgoContext, Algorithm, FlatParams, copy_array_into
 from geodml.algorithms.knob import KnobSpec
 from geodml.algorithms.topk import TopSelector
+from geodml.config import DGC_CLIP_AT, DGC_SCOPES
 
 if TYPE_CHECKING:
     from geodml.comm.api import Comm
@@ -125,7 +144,7 @@ class DGC(Algorithm):
 
     def __init__(self, *, flat: FlatParams, comm: Comm, momentum: float, ctx: AlgoContext, sparsity: float = 0.999,
                  e_warm: float = 4.0, clip_norm: float | None = None, sample_ratio: float = 0.01,
-                 selection_backend: str = "auto") -> None:
+                 selection_backend: str = "auto", scope: str = "global", clip_at: str = "gradient") -> None:
         super().__init__(flat=flat, comm=comm, momentum=momentum, ctx=ctx)
         # sparsity, clip_norm and sample_ratio are validated by geodml.config.AlgoConfig (the one validator)
         if flat.data.dtype != torch.float32:
@@ -134,8 +153,11 @@ class DGC(Algorithm):
         self.final_sparsity = float(sparsity)
         self.e_warm = float(e_warm)
         self.knob = self.KNOB.bind(get=lambda: self.e_warm, set=self._set_e_warm)
+        assert scope in DGC_SCOPES and clip_at in DGC_CLIP_AT, "validated by geodml.config.AlgoConfig"
+        self.scope, self.clip_at = scope, clip_at
         self.clip_norm = clip_norm
-        self.local_clip = None if clip_norm is None else clip_norm / math.sqrt(ctx.world_size)
+        self.local_clip = None if clip_norm is None or clip_at != "gradient" else clip_norm / math.sqrt(ctx.world_size)
+        self.update_clip = clip_norm if clip_at == "update" else None
         self.sample_ratio = float(sample_ratio)
         # internal state (self.u, the momentum buffer, comes from the base class)
         n = flat.numel
@@ -145,6 +167,12 @@ class DGC(Algorithm):
         stages = tuple(min(s, self.final_sparsity) for s in WARMUP_SPARSITIES) + (self.final_sparsity,)
         self.selector = TopSelector(n, sample_ratio=sample_ratio, sparsities=stages, generator=self.gen,
                                     device=flat.data.device, backend=selection_backend)
+        # per-layer scope: one selector per layer, their indices gathered into one preallocated buffer
+        self.layers = list(flat.layers) if scope == "layer" else []
+        self.layer_selectors = [TopSelector(m, sample_ratio=sample_ratio, sparsities=stages, generator=self.gen,
+                                            device=flat.data.device, backend=selection_backend)
+                                for _, m in self.layers]
+        self._layer_idx = torch.empty(n if self.layers else 0, dtype=torch.int64, device=flat.data.device)
         self.send_idx = torch.empty(n, dtype=torch.int32, device=flat.data.device)
         self.send_val = torch.empty(n, dtype=torch.float32, device=flat.data.device)
         self.recv_idx = torch.empty(n, dtype=torch.int32, device=flat.data.device)
@@ -167,7 +195,8 @@ class DGC(Algorithm):
     def from_config(cls, cfg: RunConfig, *, flat: FlatParams, comm: Comm, ctx: AlgoContext) -> DGC:
         a = cfg.algo
         return cls(flat=flat, comm=comm, momentum=cfg.optim.momentum, ctx=ctx, sparsity=a.sparsity,
-                   e_warm=a.e_warm, clip_norm=a.clip_norm, sample_ratio=a.dgc_sample_ratio)
+                   e_warm=a.e_warm, clip_norm=a.clip_norm, sample_ratio=a.dgc_sample_ratio, scope=a.dgc_scope,
+                   clip_at=a.dgc_clip_at)
 
     # ---- SkewScout's knob -----------------------------------------------------------------
     def _set_e_warm(self, value: float) -> None:
@@ -190,10 +219,13 @@ class DGC(Algorithm):
             if norm > self.local_clip:
                 scale *= self.local_clip / norm
         u.mul_(self.momentum).add_(grad, alpha=scale)  # lines 4-6
+        if self.update_clip is not None:  # the released server: clip u itself, after momentum
+            norm = float(torch.linalg.vector_norm(u))
+            if norm > self.update_clip:
+                u.mul_(self.update_clip / norm)
         v.add_(u)  # line 7
         self.sparsity = self.sparsity_at(step)
-        idx = self.selector.select(v, self.sparsity)  # lines 8-10
-        self.paths[self.selector.path] += 1
+        idx = self._select(v, self.sparsity)  # lines 8-10
         c, n = int(idx.numel()), self.flat.numel
         self._dense = 2 * c > n  # 4 B per parameter beats 8 B per selected entry
         if self._dense:  # v~ = v * S in full, zeros where not selected
@@ -219,6 +251,20 @@ class DGC(Algorithm):
         self._sent_idx, self._sent = idx, c
         self.last_sent = c
         self.total_sent += c
+
+    def _select(self, v: torch.Tensor, sparsity: float) -> torch.Tensor:
+        """Indices to send: the top entries of all of v (global scope) or of each layer (layer scope)."""
+        if not self.layers:
+            idx = self.selector.select(v, sparsity)
+            self.paths[self.selector.path] += 1
+            return idx
+        c = 0
+        for (offset, m), selector in zip(self.layers, self.layer_selectors):
+            sel = selector.select(v[offset:offset + m], sparsity)
+            self.paths[selector.path] += 1
+            torch.add(sel, offset, out=self._layer_idx[c:c + sel.numel()])
+            c += sel.numel()
+        return self._layer_idx[:c]
 
     def local_update(self, step: int, lr: float) -> None:
         """Lines 14-15: w += sum over partitions k = 0..K-1, in rank order, of their selected v~_k.

@@ -32,7 +32,7 @@ DESCRIPTIONS: dict[str, str] = {
     "transport": "ZeroMQ transport vs raw pyzmq on loopback; --wan real pacing accuracy",
     "step": "per-step synchronization overhead of an algorithm against compute-only and its kernel",
     "dgc": "DGC selection kernels and exchange",
-    "throughput": "K=5 ranks' images/s per algorithm vs K plain PyTorch processes (LeNet, ResNet-20)",
+    "throughput": "K=5 ranks' images/s per algorithm vs K plain PyTorch processes (the CNN, ResNet-20)",
     "kernels": "Gaia / DGC selection at 1M and 10M vs a memory pass (bytes/s bound)",
     "startup": "launch to first step, K=5 and K=16, vs torchrun + import torch + process group",
     "scale": "wall time per epoch at fixed total data, K=2,5,10,16, vs K=2",

@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--algo", default="gaia")
     p.add_argument("--k", type=int, default=5)
     p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--model", default="lenet")
+    p.add_argument("--model", default="cnn")
     p.add_argument("--quick", action="store_true", help="40 steps")
     p.add_argument("--gaia-torch-select", action="store_true",
                    help="run Gaia's torch.nonzero selection (the pre-optimization path) for a before/after")

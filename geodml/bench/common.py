@@ -5,7 +5,7 @@ right after the other: the machine is shared and loaded, so absolute numbers fro
 invocations are not comparable, while side-by-side ratios are.
 
 * :func:`write_synthetic_cifar` writes a small CIFAR-10-shaped dataset (python pickled
-  batches, random pixels) so that LeNet-CIFAR (878,538 parameters) and ResNet-20 run with
+  batches, random pixels) so that the CNN on CIFAR (878,538 parameters) and ResNet-20 run with
   their real shapes on a machine without the CIFAR-10 download.
 * :func:`run_geodml` runs ``torchrun -m geodml`` with K processes and returns the mean wall
   seconds per training step from rank 0's ``metrics.jsonl`` (first log window and every

@@ -187,7 +187,7 @@ def run_exchange(k: int, entries: list[int], dense_numel: int, repeats: int) -> 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m geodml.bench dgc", description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="188810,878538,1000000,10000000",
-                   help="comma-separated parameter counts (digits LeNet, CIFAR LeNet, 1M, 10M)")
+                   help="comma-separated parameter counts (digits CNN, CIFAR CNN, 1M, 10M)")
     p.add_argument("--sparsities", default="0.75,0.99,0.999")
     p.add_argument("--exchange", type=int, default=0, metavar="K", help="also time the exchange with K processes")
     p.add_argument("--entries", default="189,879,11801,47203", help="exchange: entries per block")

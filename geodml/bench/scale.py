@@ -1,6 +1,6 @@
 """Wall time per epoch as K grows at fixed total data: ``python -m geodml.bench scale [--quick] [--ks 2,5,10,16]``.
 
-The training set is fixed (CIFAR-10-shaped, 5,000 images, LeNet, batch 20, ``--wan off``), so
+The training set is fixed (CIFAR-10-shaped, 5,000 images, the CNN, batch 20, ``--wan off``), so
 an epoch is ``ceil(5000 / (K * 20))`` steps of K ranks: the total compute per epoch is the same
 for every K, and on this 2-core machine the ideal is a flat line. For each K, side by side:
 ``--algo local`` (no communication: the compute and process-count cost) and each algorithm.
@@ -32,7 +32,7 @@ def measure(ks: list[int], algos: list[str], steps: int) -> list[list]:
             spe = -(-TRAIN_IMAGES // (k * BATCH))
             per_epoch = {}
             for algo in ["local", *algos]:
-                t = run_geodml(k, algo, steps + 10, Path(tmp), model="lenet", data_dir=data, batch_size=BATCH)
+                t = run_geodml(k, algo, steps + 10, Path(tmp), model="cnn", data_dir=data, batch_size=BATCH)
                 per_epoch[algo] = t.step_s * spe
                 base.setdefault(algo, per_epoch[algo])
             for algo, s in per_epoch.items():
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         raise ValueError("--steps must be >= 30 (three log windows of 10 steps)")
     rows = measure(ks, algos, steps)
     print(format_table(["K", "algo", "steps/epoch", "s/epoch", f"x K={ks[0]}", "x local"], rows,
-                       title=f"scale: fixed total data ({TRAIN_IMAGES} CIFAR-shaped images, LeNet, batch {BATCH}), "
+                       title=f"scale: fixed total data ({TRAIN_IMAGES} CIFAR-shaped images, CNN, batch {BATCH}), "
                              f"--wan off, {steps} steps per run; s/epoch = s/step x steps/epoch"))
     return 0
 

@@ -4,7 +4,7 @@ For each K, side by side in this invocation:
 
 * ``floor``: ``torchrun`` starting K Python processes that import torch, create a gloo process
   group and pass one barrier (what any torch.distributed program pays before its first step);
-* ``geodml``: ``torchrun -m geodml`` (LeNet on the bundled digits data, ``--wan off``) until rank
+* ``geodml``: ``torchrun -m geodml`` (the CNN on the bundled digits data, ``--wan off``) until rank
   0 writes its first metrics line, i.e. after step 1 (polled every 5 ms by this process).
 
 The ratio geodml / floor and the difference (geodml's own start-up: config, dataset load and
@@ -71,7 +71,7 @@ def measure(ks: list[int], repeats: int) -> list[list]:
             floors, firsts = [], []
             for _ in range(repeats):  # alternate, so both see the same load
                 floors.append(floor_s(k, Path(tmp)))
-                firsts.append(run_geodml(k, "bsp", 4, Path(tmp), model="lenet", dataset="digits",
+                firsts.append(run_geodml(k, "bsp", 4, Path(tmp), model="cnn", dataset="digits",
                                          log_every=1).first_log_s)
             f, g = sorted(floors)[len(floors) // 2], sorted(firsts)[len(firsts) // 2]
             rows.append([k, f, g, g - f, g / f])
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = measure(ks, repeats)
     print(format_table(["K", "floor s", "geodml first step s", "geodml own s", "x floor"], rows,
                        title=f"startup: launch to first step (median of {repeats}, alternating); floor = torchrun + "
-                             f"import torch + gloo group + barrier; geodml = bsp, LeNet, digits, --wan off"))
+                             f"import torch + gloo group + barrier; geodml = bsp, CNN, digits, --wan off"))
     return 0
 
 

@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--algo", default="gaia", choices=["gaia", "dgc", "bsp", "fedavg"])
     p.add_argument("--k", type=int, default=5)
     p.add_argument("--steps", type=int, default=150)
-    p.add_argument("--model", default="lenet")
+    p.add_argument("--model", default="cnn")
     p.add_argument("--dataset", default="digits")
     p.add_argument("extra", nargs="*", help="extra geodml flags after --, e.g. -- --t0 0.05")
     a = p.parse_args(argv)

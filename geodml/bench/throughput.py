@@ -1,7 +1,7 @@
 """Training throughput of K geodml ranks against K plain PyTorch processes doing the same compute:
-``python -m geodml.bench throughput [--quick] [--models lenet,resnet20] [--algos ...]``.
+``python -m geodml.bench throughput [--quick] [--models cnn,resnet20] [--algos ...]``.
 
-For each model (LeNet and ResNet-20 on CIFAR-10-shaped data, batch 20, K = 5, one thread per
+For each model (the CNN and ResNet-20 on CIFAR-10-shaped data, batch 20, K = 5, one thread per
 rank) the benchmark runs, one after the other in this invocation:
 
 * ``plain``: K processes under torchrun running forward, cross-entropy, backward and
@@ -32,7 +32,7 @@ from geodml.bench.common import TIMEOUT_S, bench_env, format_table, run_geodml, 
 
 TARGETS = {"bsp": 0.9, "fedavg": 0.9, "gaia": 0.8, "dgc": 0.8}
 ALGO_FLAGS = {"gaia": ("--t0", "0.01"), "dgc": ("--e-warm", "0"), "fedavg": ("--iter-local", "20")}
-"""Gaia at T0 = 1% (3-20% significant per step on LeNet: a busy exchange); DGC at its final 99.9% sparsity."""
+"""Gaia at T0 = 1% (3-20% significant per step on the CNN: a busy exchange); DGC at its final 99.9% sparsity."""
 NORM = {"resnet20": "batch"}
 """--norm per model (ResNet-20 has BatchNorm, as in the paper); others: none."""
 
@@ -134,12 +134,12 @@ def measure(models: list[str], algos: list[str], k: int, batch: int, steps: dict
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m geodml.bench throughput", description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="fewer steps (LeNet 40, ResNet-20 20)")
-    p.add_argument("--models", default="lenet,resnet20")
+    p.add_argument("--quick", action="store_true", help="fewer steps (CNN 40, ResNet-20 20)")
+    p.add_argument("--models", default="cnn,resnet20")
     p.add_argument("--algos", default="bsp,gaia,dgc,fedavg")
     p.add_argument("--k", type=int, default=5)
     p.add_argument("--batch", type=int, default=20)
-    p.add_argument("--steps", type=int, default=0, help="timed steps per run (default: 120 LeNet, 40 ResNet-20)")
+    p.add_argument("--steps", type=int, default=0, help="timed steps per run (default: 120 CNN, 40 ResNet-20)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="where every rank trains (cuda: ranks share the visible GPUs when K exceeds them)")
     p.add_argument("--plain-worker", action="store_true", help=argparse.SUPPRESS)
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = [x for x in algos if x not in TARGETS]
     if bad or a.k < 1 or a.batch < 1:
         raise ValueError(f"--algos must be among {sorted(TARGETS)} (got {bad}); --k and --batch must be >= 1")
-    default = {"lenet": 40, "resnet20": 20} if a.quick else {"lenet": 120, "resnet20": 40}
+    default = {"cnn": 40, "resnet20": 20} if a.quick else {"cnn": 120, "resnet20": 40}
     steps = {m: a.steps or default.get(m, 40) for m in models}
     headers = ["model", "run", "ms/step", "img/s", "x plain", "target"]
     title = (f"throughput on {a.device}: K={a.k} ranks, batch {a.batch}, CIFAR-10-shaped data, --wan off, 1 thread/rank; "

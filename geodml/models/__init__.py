@@ -1,10 +1,13 @@
-"""Model zoo of the study: the networks of Hsieh et al., "The Non-IID Data Quagmire of
-Decentralized Machine Learning" (ICML 2020) §3-§5 and Appendix C, plus two FL baselines.
+"""Model zoo of the study, each network named by its source.
 
-* ``lenet``    -- LeNet / BN-LeNet / GN-LeNet (norm none / batch / group), §5.
-* ``resnet20`` -- ResNet-20 with BatchNorm or GroupNorm (group size 2), §4-§5.
+* ``lenet``    -- the authors' Caffe LeNet / BN- / GN- / BRN-LeNet of Hsieh et al., "The Non-IID
+  Data Quagmire" (ICML 2020), from the released prototxts (norm none / batch / group /
+  batchrenorm; geodml.models.lenet).
+* ``cnn``      -- McMahan et al. 2017's CNN (the network called ``lenet`` before issue 21), with
+  optional BN / GN after each conv (geodml.models.cnn).
+* ``resnet20`` -- He et al. 2016's CIFAR ResNet-20 with BatchNorm or GroupNorm, Quagmire §4-§5.
 * ``logreg``   -- multinomial logistic regression.
-* ``mlp``      -- McMahan et al.'s 2NN (200-200).
+* ``mlp``      -- McMahan et al. 2017's 2NN (200-200).
 
 Every rank of a run builds its model with ``build_model(..., generator_seed=run_seed)``
 and so starts from bit-identical weights without any broadcast, and without disturbing
@@ -19,22 +22,27 @@ import threading
 import torch
 from torch import nn
 
-from geodml.config import MODEL_NORMS, NORMS
+from geodml.config import MODEL_NORMS, NORMS, ModelConfig
 from geodml.config import MODELS as MODEL_NAMES  # the registries are geodml.config's (the one validator)
-from geodml.models.lenet import GROUP_SIZE, LeNet
+from geodml.models.cnn import CNN
+from geodml.models.lenet import LeNet
+from geodml.models.norms import GROUP_SIZE, BatchReNormSchedule
 from geodml.models.resnet import ResNet20
 from geodml.models.simple import MLP, LogisticRegression
 
-__all__ = ["GROUP_SIZE", "LeNet", "LogisticRegression", "MLP", "MODEL_NAMES", "MODEL_NORMS", "NORMS",
-           "ResNet20", "build_model", "count_parameters"]
+__all__ = ["BatchReNormSchedule", "CNN", "build_from_config", "GROUP_SIZE", "LeNet", "LogisticRegression", "MLP", "MODEL_NAMES",
+           "MODEL_NORMS", "NORMS", "ResNet20", "build_model", "count_parameters"]
 
 
-def _construct(name: str, norm: str, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+def _construct(name: str, norm: str, input_shape: tuple[int, int, int], num_classes: int, *,
+               group_size: int | None, groups: int | None, brn: BatchReNormSchedule | None) -> nn.Module:
     channels, height, width = input_shape
     if name == "lenet":
-        return LeNet(channels, height, width, num_classes, norm)
+        return LeNet(channels, height, width, num_classes, norm, group_size=group_size, groups=groups, brn=brn)
+    if name == "cnn":
+        return CNN(channels, height, width, num_classes, norm, group_size=group_size, groups=groups)
     if name == "resnet20":
-        return ResNet20(channels, num_classes, norm)
+        return ResNet20(channels, num_classes, norm, group_size=group_size, groups=groups)
     in_features = math.prod(input_shape)
     if name == "logreg":
         return LogisticRegression(in_features, num_classes)
@@ -45,7 +53,8 @@ _GLOBAL_RNG_LOCK = threading.Lock()
 
 
 def build_model(name: str, norm: str, input_shape: tuple[int, int, int], num_classes: int, *,
-                generator_seed: int | None = None) -> nn.Module:
+                generator_seed: int | None = None, gn_group_size: int | None = None, gn_groups: int | None = None,
+                brn: BatchReNormSchedule | None = None) -> nn.Module:
     """Build model ``name`` with normalization ``norm`` for ``input_shape = (C, H, W)`` images.
 
     Args:
@@ -58,6 +67,9 @@ def build_model(name: str, norm: str, input_shape: tuple[int, int, int], num_cla
             (same seed -> bit-identical weights on every rank and every run) and the global
             torch RNG state is left exactly as it was. When ``None``, initialization draws
             from (and advances) the global CPU RNG, like any ``nn.Module`` constructor.
+        gn_group_size, gn_groups: with ``norm="group"``, channels per group or groups per layer
+            (at most one; neither: group size 2, the Quagmire text's G_size).
+        brn: with ``norm="batchrenorm"``, the schedule (default: the authors' K=2 prototxt's).
 
     Returns:
         A float32 module on the CPU in training mode; ``model(x)`` maps ``[B, C, H, W]`` to
@@ -65,7 +77,8 @@ def build_model(name: str, norm: str, input_shape: tuple[int, int, int], num_cla
 
     Raises:
         ValueError: unknown model or norm, a norm the model does not support, a malformed
-            input shape, fewer than 2 classes, or an input too small for the model.
+            input shape, fewer than 2 classes, an input too small for the model, or a GroupNorm
+            grouping that does not divide the channels.
     """
     if name not in MODEL_NAMES:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
@@ -79,8 +92,11 @@ def build_model(name: str, norm: str, input_shape: tuple[int, int, int], num_cla
         raise ValueError(f"input_shape must be (channels, height, width) of positive ints, got {input_shape!r}")
     if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 2:
         raise ValueError(f"num_classes must be an integer >= 2, got {num_classes!r}")
+    if gn_group_size is not None and gn_groups is not None:
+        raise ValueError("give gn_group_size or gn_groups, not both")
+    kw = {"group_size": gn_group_size, "groups": gn_groups, "brn": brn}
     if generator_seed is None:
-        return _construct(name, norm, shape, num_classes)
+        return _construct(name, norm, shape, num_classes, **kw)
     # Module constructors draw their initial weights from the global CPU generator. Fork it
     # (restored on exit) and seed only the CPU generator: torch.manual_seed would also reseed
     # every CUDA device, which fork_rng(devices=[]) does not restore. Weights are created on
@@ -89,7 +105,17 @@ def build_model(name: str, norm: str, input_shape: tuple[int, int, int], num_cla
     # models one at a time, so each gets exactly the weights it gets in a process of its own.
     with _GLOBAL_RNG_LOCK, torch.random.fork_rng(devices=[]):
         torch.default_generator.manual_seed(generator_seed)
-        return _construct(name, norm, shape, num_classes)
+        return _construct(name, norm, shape, num_classes, **kw)
+
+
+def build_from_config(cfg: ModelConfig, input_shape: tuple[int, int, int], num_classes: int, *,
+                      generator_seed: int | None = None) -> nn.Module:
+    """``build_model`` with the network, normalization and its options of a (validated) ModelConfig."""
+    init, r_step, d_step = (int(x) for x in cfg.brn_steps)
+    brn = BatchReNormSchedule(step_to_init=init, step_to_r_max=r_step, step_to_d_max=d_step, r_max=cfg.brn_r_max,
+                              d_max=cfg.brn_d_max, moving_average_fraction=cfg.brn_average_fraction)
+    return build_model(cfg.model, cfg.norm, input_shape, num_classes, generator_seed=generator_seed,
+                       gn_group_size=cfg.gn_group_size, gn_groups=cfg.gn_groups, brn=brn)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -1,126 +1,146 @@
-"""LeNet, BN-LeNet and GN-LeNet of Hsieh et al., "The Non-IID Data Quagmire" (ICML 2020).
+"""The authors' LeNet, BN-LeNet, GN-LeNet and BRN-LeNet of Hsieh et al., "The Non-IID Data
+Quagmire of Decentralized Machine Learning" (ICML 2020): ``--model lenet``.
 
-* LeNet (§3, Appendix C Table 2): conv 5x5x32 -> ReLU -> maxpool 2 -> conv 5x5x64 -> ReLU ->
-  maxpool 2 -> fc 512 -> ReLU -> fc classes; 878,538 parameters on 3x32x32 with 10 classes.
-* BN-LeNet (§5.1): "constructed by inserting BatchNorm to LeNet after each convolutional
-  layer" -- the normalization sits between each conv and its ReLU.
-* GN-LeNet (§5.2, §6): BN-LeNet with GroupNorm replacing BatchNorm, group size
-  G_size = 2 (two adjacent channels per group, so num_groups = channels / 2).
+Source: the Caffe prototxts of the authors' released code, github.com/kevinhsieh/non_iid_dml,
+``apps/caffe/examples/cifar10/<K>parts/`` (the paper itself gives no architecture):
 
-Shape rule (how the network adapts to 1x8x8 digits, 1x28x28 MNIST, 3x32x32 CIFAR-10):
-each stage is conv 5x5 (stride 1, padding p) followed by maxpool 2 (floor). When
-``min(H, W) >= 16`` both stages fit without padding (p = 0, the paper's network:
-32 -> 28 -> 14 -> 10 -> 5, and 28 -> 24 -> 12 -> 8 -> 4). Smaller inputs would shrink to
-nothing, so they use p = 2 ("same" convolutions) and each stage only halves
-(8 -> 8 -> 4 -> 4 -> 2). Inputs smaller than 4x4 are rejected. The fc1 input size is
-64 * h * w with (h, w) computed from this rule, never hard-coded.
+* LeNet (``lenet_train_val.prototxt.template``; its own comment: "different from original
+  lenet"): conv1 5x5x32 pad 2 -> max-pool 3/2 -> ReLU -> LRN -> conv2 5x5x32 pad 2 -> ReLU ->
+  avg-pool 3/2 -> LRN -> conv3 5x5x64 pad 2 -> ReLU -> avg-pool 3/2 -> ip1 (classes).
+  LRN: across channels, local_size 3, alpha 5e-5, beta 0.75, k 1 (Caffe's defaults for k and
+  the region). 89,578 parameters on 3x32x32 with 10 classes.
+* BN-LeNet (``bnlenet_...``), GN-LeNet (``gnlenet_...``), BRN-LeNet (``brnlenet_...``): no LRN;
+  conv1 -> max-pool -> norm1 -> ReLU -> conv2 -> norm2 -> ReLU -> avg-pool -> conv3 -> norm3 ->
+  ReLU -> avg-pool -> ip1. The convolutions have no bias (``bias_term: false``) and the norm
+  layers no scale or shift (no ``Scale`` layer follows them; Caffe's GroupNorm has no
+  parameters): 89,450 parameters on 3x32x32. Note norm1 sits after the first pooling.
+  BatchNorm and BatchReNorm are Caffe's (geodml.models.norms); GroupNorm: eps 1e-5.
+
+**GroupNorm: the text and the code disagree.** The paper (§5.2) says group size G_size = 2
+(two channels per group: 16 groups of conv1's 32 channels, 32 of conv3's 64); the released
+gnlenet prototxt sets ``group_num: 2`` (two groups of 16 or 32 channels). ``group_size`` /
+``groups`` choose the reading (``--gn-group-size`` / ``--gn-groups``); the default is the text's.
+
+**Pooling** rounds up, as Caffe's: a 3/2 pool of an h-pixel side gives ``ceil((h - 3) / 2) + 1``
+(32 -> 16 -> 8 -> 4 on CIFAR-10, 28 -> 14 -> 7 -> 3, 8 -> 4 -> 2 -> 1 on digits); a window that
+runs past the edge covers only the pixels inside it, and average pooling divides by their
+count (Caffe's ``pool_size`` without padding; PyTorch's ``ceil_mode=True`` does the same).
+
+**Initialization** as the prototxts' fillers: Gaussian weights with std 1e-4 (conv1), 0.01
+(conv2, conv3, ip1); biases 0.
+
+**Not reproduced here** (the optimizer and data side of the same files; say so where it
+matters): the plain LeNet's ``lr_mult: 2`` on conv1/conv2/ip1 biases and ``decay_mult: 250``
+on ip1's weights (BN-LeNet: 1); the solver's batch of 50 (the paper's Table 2 says 20); and
+the input scale: Caffe feeds raw 0-255 pixels minus the mean image (a per-pixel standard
+deviation of ~60 on CIFAR-10), while geodml's readers standardize each channel to standard
+deviation 1, so conv1's 1e-4 std sees a ~60 times weaker signal than it was chosen for.
 """
 
 from __future__ import annotations
 
+import math
+
+import torch
 from torch import Tensor, nn
 
 from geodml.config import MODEL_NORMS
+from geodml.models.norms import BatchReNorm2d, BatchReNormSchedule, CaffeBatchNorm2d, group_count
 
-# GroupNorm group size G_size of §5.2 ("We carefully select G_size = 2"): channels per group.
-GROUP_SIZE = 2
-
-
-def make_norm2d(norm: str, channels: int) -> nn.Module:
-    """The normalization layer for a conv output with ``channels`` channels.
-
-    ``"none"`` -> identity, ``"batch"`` -> BatchNorm2d, ``"group"`` -> GroupNorm with
-    ``GROUP_SIZE`` adjacent channels per group (num_groups = channels / GROUP_SIZE). Shared by
-    LeNet and ResNet-20 so GN-LeNet and GN-ResNet-20 group channels the same way.
-    """
-    if norm == "none":
-        return nn.Identity()
-    if norm == "batch":
-        return nn.BatchNorm2d(channels)
-    if norm == "group":
-        if channels % GROUP_SIZE:
-            raise ValueError(f"GroupNorm with group size {GROUP_SIZE} needs an even channel count, got {channels}")
-        return nn.GroupNorm(channels // GROUP_SIZE, channels)
-    raise ValueError(f"unknown norm {norm!r}; choose one of none, batch, group")
-
-
-CONV1_CHANNELS = 32
-CONV2_CHANNELS = 64
-FC1_FEATURES = 512
+CONV_CHANNELS = (32, 32, 64)
 KERNEL_SIZE = 5
-POOL = 2
-# Below this input side length the unpadded network has no spatial extent left after
-# the second stage: (((16 - 4) // 2) - 4) // 2 == 1, (((15 - 4) // 2) - 4) // 2 == 0.
-MIN_UNPADDED_SIDE = 16
-# With 'same' convolutions each stage only halves, so two stages need at least 4 pixels.
-MIN_PADDED_SIDE = POOL * POOL
+CONV_PADDING = 2  # 'same' 5x5 convolutions: only the pools shrink the map
+POOL_KERNEL = 3
+POOL_STRIDE = 2
+LRN_SIZE, LRN_ALPHA, LRN_BETA, LRN_K = 3, 5e-5, 0.75, 1.0
+INIT_STD = {"conv1": 1e-4, "conv2": 0.01, "conv3": 0.01, "ip1": 0.01}
+"""The prototxts' Gaussian weight-filler standard deviations (biases: constant 0)."""
+BN_MOVING_AVERAGE_FRACTION = 0.999  # Caffe's BatchNormParameter default; the bnlenet prototxt sets none
 
 
-def lenet_geometry(height: int, width: int) -> tuple[int, int, int]:
-    """Return ``(padding, h, w)``: the conv padding and the spatial size fed to fc1.
+def caffe_pool_side(side: int) -> int:
+    """Output side of Caffe's 3/2 pooling without padding: ``ceil((side - 3) / 2) + 1`` (may be < 1)."""
+    return math.ceil((side - POOL_KERNEL) / POOL_STRIDE) + 1
 
-    Raises ``ValueError`` when the input is too small for two conv+pool stages.
+
+def lenet_geometry(height: int, width: int) -> tuple[int, int]:
+    """``(h, w)`` of the map fed to ip1 after the three conv + pool stages.
+
+    Raises ``ValueError`` when a stage would have nothing left (inputs under 8x8).
     """
-    if min(height, width) >= MIN_UNPADDED_SIDE:
-        padding = 0
-    elif min(height, width) >= MIN_PADDED_SIDE:
-        padding = KERNEL_SIZE // 2
-    else:
-        raise ValueError(
-            f"lenet needs inputs of at least {MIN_PADDED_SIDE}x{MIN_PADDED_SIDE}, got {height}x{width}")
     h, w = height, width
-    for _ in range(2):
-        h = (h + 2 * padding - KERNEL_SIZE + 1) // POOL
-        w = (w + 2 * padding - KERNEL_SIZE + 1) // POOL
-    return padding, h, w
+    for _ in range(3):
+        h, w = caffe_pool_side(h), caffe_pool_side(w)
+        if min(h, w) < 1:
+            raise ValueError(f"lenet needs inputs of at least 8x8, got {height}x{width}")
+    return h, w
+
+
+def lenet_norm(norm: str, channels: int, *, group_size: int | None, groups: int | None,
+               brn: BatchReNormSchedule | None) -> nn.Module:
+    """The released prototxts' normalization layer for ``channels`` channels (no scale or shift)."""
+    if norm == "batch":
+        return CaffeBatchNorm2d(channels, moving_average_fraction=BN_MOVING_AVERAGE_FRACTION)
+    if norm == "group":
+        return nn.GroupNorm(group_count(channels, group_size=group_size, groups=groups), channels, eps=1e-5,
+                            affine=False)
+    if norm == "batchrenorm":
+        return BatchReNorm2d(channels, brn)
+    raise ValueError(f"lenet: unknown norm {norm!r}; choose one of {', '.join(MODEL_NORMS['lenet'])}")
 
 
 class LeNet(nn.Module):
-    """The paper's CIFAR LeNet with an optional normalization after each conv layer.
+    """The authors' Caffe LeNet (``norm="none"``) or its BN / GN / BRN variant (module docstring).
 
     Args:
-        in_channels, height, width: input image shape (C, H, W).
+        in_channels, height, width: input image shape (C, H, W); at least 8x8.
         num_classes: number of output logits.
-        norm: ``"none"`` (LeNet), ``"batch"`` (BN-LeNet) or ``"group"`` (GN-LeNet).
-        norm_fc1: also normalize fc1's output (BatchNorm1d over the 512 features) before its
-            ReLU. Off by default because the paper's BN-LeNet normalizes after the conv
-            layers only (§5.1). Only ``norm="batch"`` supports it: GroupNorm with two
-            features per group on a vector normalizes each pair of scalars to +-1, which
-            throws away their magnitude, so ``norm="group"`` raises ``ValueError``.
-
-    A layer followed by a normalization has no bias: the normalization's own shift (beta)
-    takes its place (for BatchNorm the bias would be cancelled exactly by the mean
-    subtraction), and a redundant parameter would still be sent over the WAN by every
-    algorithm. It also keeps BN-LeNet and GN-LeNet the same size, so their bytes compare.
+        norm: ``"none"``, ``"batch"``, ``"group"`` or ``"batchrenorm"``.
+        group_size, groups: GroupNorm's grouping, at most one given (norms.group_count; default:
+            group size 2, the paper's text).
+        brn: BatchReNorm's schedule (default: the 2-partition brnlenet prototxt's).
     """
 
-    def __init__(self, in_channels: int, height: int, width: int, num_classes: int,
-                 norm: str = "none", *, norm_fc1: bool = False) -> None:
+    def __init__(self, in_channels: int, height: int, width: int, num_classes: int, norm: str = "none", *,
+                 group_size: int | None = None, groups: int | None = None,
+                 brn: BatchReNormSchedule | None = None) -> None:
         super().__init__()
         if norm not in MODEL_NORMS["lenet"]:
             raise ValueError(f"lenet: unknown norm {norm!r}; choose one of {', '.join(MODEL_NORMS['lenet'])}")
-        if norm_fc1 and norm != "batch":
-            raise ValueError(
-                "lenet: norm_fc1 needs norm='batch'; GroupNorm with group size "
-                f"{GROUP_SIZE} on fc features collapses each group to +-1, and norm='none' has no norm")
-        padding, h, w = lenet_geometry(height, width)
-        self.padding = padding
-        self.flatten_features = CONV2_CHANNELS * h * w
-        with_norm = norm != "none"
-
-        self.conv1 = nn.Conv2d(in_channels, CONV1_CHANNELS, KERNEL_SIZE, padding=padding, bias=not with_norm)
-        self.norm1 = make_norm2d(norm, CONV1_CHANNELS)
-        self.conv2 = nn.Conv2d(CONV1_CHANNELS, CONV2_CHANNELS, KERNEL_SIZE, padding=padding, bias=not with_norm)
-        self.norm2 = make_norm2d(norm, CONV2_CHANNELS)
-        self.pool = nn.MaxPool2d(POOL)
+        h, w = lenet_geometry(height, width)
+        self.norm = norm
+        plain = norm == "none"
+        c1, c2, c3 = CONV_CHANNELS
+        self.conv1 = nn.Conv2d(in_channels, c1, KERNEL_SIZE, padding=CONV_PADDING, bias=plain)
+        self.conv2 = nn.Conv2d(c1, c2, KERNEL_SIZE, padding=CONV_PADDING, bias=plain)
+        self.conv3 = nn.Conv2d(c2, c3, KERNEL_SIZE, padding=CONV_PADDING, bias=plain)
+        self.pool1 = nn.MaxPool2d(POOL_KERNEL, POOL_STRIDE, ceil_mode=True)
+        self.pool2 = nn.AvgPool2d(POOL_KERNEL, POOL_STRIDE, ceil_mode=True)
+        self.pool3 = nn.AvgPool2d(POOL_KERNEL, POOL_STRIDE, ceil_mode=True)
         self.relu = nn.ReLU()
-        self.fc1 = nn.Linear(self.flatten_features, FC1_FEATURES, bias=not norm_fc1)
-        self.norm_fc1 = nn.BatchNorm1d(FC1_FEATURES) if norm_fc1 else nn.Identity()
-        self.fc2 = nn.Linear(FC1_FEATURES, num_classes)
+        if plain:
+            self.norm1: nn.Module = nn.LocalResponseNorm(LRN_SIZE, alpha=LRN_ALPHA, beta=LRN_BETA, k=LRN_K)
+            self.norm2: nn.Module = nn.LocalResponseNorm(LRN_SIZE, alpha=LRN_ALPHA, beta=LRN_BETA, k=LRN_K)
+            self.norm3: nn.Module = nn.Identity()
+        else:
+            kw = {"group_size": group_size, "groups": groups, "brn": brn}
+            self.norm1, self.norm2, self.norm3 = (lenet_norm(norm, c, **kw) for c in CONV_CHANNELS)
+        self.flatten_features = c3 * h * w
+        self.ip1 = nn.Linear(self.flatten_features, num_classes)
+        with torch.no_grad():
+            for name, std in INIT_STD.items():
+                layer = getattr(self, name)
+                nn.init.normal_(layer.weight, 0.0, std)
+                if layer.bias is not None:
+                    layer.bias.zero_()
 
     def forward(self, x: Tensor) -> Tensor:
-        x = self.pool(self.relu(self.norm1(self.conv1(x))))
-        x = self.pool(self.relu(self.norm2(self.conv2(x))))
-        x = x.flatten(1)
-        x = self.relu(self.norm_fc1(self.fc1(x)))
-        return self.fc2(x)
+        if self.norm == "none":  # the plain prototxt: pool, ReLU, LRN / ReLU, pool, LRN / ReLU, pool
+            x = self.norm1(self.relu(self.pool1(self.conv1(x))))
+            x = self.norm2(self.pool2(self.relu(self.conv2(x))))
+            x = self.pool3(self.relu(self.conv3(x)))
+        else:  # the BN/GN/BRN prototxts: pool, norm, ReLU / norm, ReLU, pool / norm, ReLU, pool
+            x = self.relu(self.norm1(self.pool1(self.conv1(x))))
+            x = self.pool2(self.relu(self.norm2(self.conv2(x))))
+            x = self.pool3(self.relu(self.norm3(self.conv3(x))))
+        return self.ip1(x.flatten(1))

@@ -12,8 +12,9 @@ He et al. used for CIFAR and what gives the reference count of 269,722 parameter
 BatchNorm on 3x32x32 and 10 classes (option B's 1x1 projections would add 2,752).
 
 Convolutions have no bias because every one is followed by a normalization whose shift
-replaces it. With GroupNorm, groups hold 2 adjacent channels (G_size = 2 as in §5.2), so
-the stages have 8, 16 and 32 groups. Norm ``"none"`` is refused: ResNet-20 without
+replaces it. With GroupNorm, groups hold 2 adjacent channels by default (G_size = 2 as in §5.2),
+so the stages have 8, 16 and 32 groups; ``group_size`` / ``groups`` choose another grouping.
+Norm ``"none"`` is refused: ResNet-20 without
 normalization does not train at the paper's settings, and the paper never runs it.
 
 Global average pooling makes the network shape-agnostic: 32x32 ends at 8x8, 28x28 at 7x7,
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from geodml.config import MODEL_NORMS
-from geodml.models.lenet import make_norm2d
+from geodml.models.norms import make_norm2d
 
 STAGE_CHANNELS = (16, 32, 64)
 BLOCKS_PER_STAGE = 3  # n = 3 -> depth 6n + 2 = 20
@@ -35,12 +36,13 @@ BLOCKS_PER_STAGE = 3  # n = 3 -> depth 6n + 2 = 20
 class BasicBlock(nn.Module):
     """He et al.'s basic block with an option-A (parameter-free) shortcut."""
 
-    def __init__(self, in_channels: int, out_channels: int, stride: int, norm: str) -> None:
+    def __init__(self, in_channels: int, out_channels: int, stride: int, norm: str, *,
+                 group_size: int | None = None, groups: int | None = None) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride=stride, padding=1, bias=False)
-        self.norm1 = make_norm2d(norm, out_channels)
+        self.norm1 = make_norm2d(norm, out_channels, group_size=group_size, groups=groups)
         self.conv2 = nn.Conv2d(out_channels, out_channels, 3, stride=1, padding=1, bias=False)
-        self.norm2 = make_norm2d(norm, out_channels)
+        self.norm2 = make_norm2d(norm, out_channels, group_size=group_size, groups=groups)
         self.stride = stride
         self.extra_channels = out_channels - in_channels
         if self.extra_channels < 0:
@@ -70,19 +72,20 @@ class ResNet20(nn.Module):
     normalization layers start at weight 1, bias 0.
     """
 
-    def __init__(self, in_channels: int, num_classes: int, norm: str = "batch") -> None:
+    def __init__(self, in_channels: int, num_classes: int, norm: str = "batch", *, group_size: int | None = None,
+                 groups: int | None = None) -> None:
         super().__init__()
         if norm not in MODEL_NORMS["resnet20"]:
             raise ValueError(f"resnet20: norm must be 'batch' or 'group', got {norm!r} "
                              "(ResNet-20 without normalization is not supported)")
         self.conv1 = nn.Conv2d(in_channels, STAGE_CHANNELS[0], 3, stride=1, padding=1, bias=False)
-        self.norm1 = make_norm2d(norm, STAGE_CHANNELS[0])
+        self.norm1 = make_norm2d(norm, STAGE_CHANNELS[0], group_size=group_size, groups=groups)
         blocks = []
         channels = STAGE_CHANNELS[0]
         for stage, out_channels in enumerate(STAGE_CHANNELS):
             for i in range(BLOCKS_PER_STAGE):
                 stride = 2 if stage > 0 and i == 0 else 1
-                blocks.append(BasicBlock(channels, out_channels, stride, norm))
+                blocks.append(BasicBlock(channels, out_channels, stride, norm, group_size=group_size, groups=groups))
                 channels = out_channels
         self.blocks = nn.Sequential(*blocks)
         self.fc = nn.Linear(channels, num_classes)

@@ -7,17 +7,23 @@ and PNGs (``accuracy.png``: bars with the "-x pp" loss relative to BSP-IID as in
 figures; ``accuracy_vs_wan_bytes.png``: the eval curves of every successful run).
 
 * ``noniid``   -- Quagmire Figure 1: BSP, Gaia (T0=10%), FedAvg (Iter_Local=20), DGC
-  (E_warm=8 paper epochs, scaled to the budget) with LeNet, IID vs 100% non-IID (label skew).
-* ``norm``     -- Figure 5: BN-LeNet vs GN-LeNet (group size 2) under every algorithm, IID vs non-IID.
-* ``skew``     -- Figure 6: GN-LeNet at 20/40/60/80% non-IID (and IID as the reference).
+  (E_warm=8 paper epochs, scaled to the budget), IID vs 100% non-IID (label skew).
+* ``norm``     -- Figure 5: BN vs GN (group size 2) under every algorithm, IID vs non-IID.
+* ``skew``     -- Figure 6: GN at 20/40/60/80% non-IID (and IID as the reference).
+
+The network is ``--model``: ``cnn`` (McMahan et al. 2017's CNN, the default, and what every
+study before issue 21 ran, then under the name "LeNet") or ``lenet`` (the authors' Caffe LeNet,
+geodml.models.lenet). Cells are labelled by the network: CNN / BN-CNN / GN-CNN, or LeNet /
+BN-LeNet / GN-LeNet.
 * ``hparams``  -- Tables 6-8: each algorithm's knob grid (``KNOB.grid``), IID vs non-IID; the table shows the
   savings over BSP beside each accuracy, and ``knobs.png`` plots accuracy over each grid.
 * ``skewscout``-- Figure 8: Oracle (geodml.study.oracle) and SkewScout savings over BSP with Gaia
   at each skew level, against the BSP-IID accuracy target.
 * ``dirichlet``-- Hsu et al. 2019 Figures 2/5: FedAvg vs FedAvgM over the Dirichlet alpha.
 
-LeNet reports (``noniid``, ``hparams``) carry the paper's CIFAR-10 LeNet number of the same cell
-(``PAPER_LENET_CIFAR10``, Tables 6-8) in extra columns, so the comparison is in the report itself.
+Reports of the un-normalized network (``noniid``, ``hparams``) carry the paper's CIFAR-10 LeNet
+number of the same cell (``PAPER_LENET_CIFAR10``, Tables 6-8) in extra columns, so the comparison
+is in the report itself (beside a ``cnn`` study it is the paper's LeNet next to another network).
 
 Decisions (documented in docs/study.md, tested in tests/test_study.py):
 
@@ -25,7 +31,7 @@ Decisions (documented in docs/study.md, tested in tests/test_study.py):
   the *sum* of the K partitions' updates (Appendix A pseudocode), so the study gives them
   ``--lr lr/K`` (``--sum-lr divide`` default; ``same`` runs them at the BSP rate as the paper's
   literal pseudocode would). The lr of every run is in the table.
-* **Budgets.** ``quick``: digits-sized, ``--steps`` (default 10) per run, LeNet; it checks the
+* **Budgets.** ``quick``: digits-sized, ``--steps`` (default 10) per run; it checks the
   machinery, not the science. ``full``: the paper's Appendix C schedule (128 epochs, lr 0.002,
   /10 at 50% and 75% of training, batch 20, momentum 0.9, wd 5e-4); ``--epochs`` and ``--lr``
   shorten it for a small machine, milestones scale with ``--epochs``, and so does DGC's E_warm
@@ -54,7 +60,15 @@ SUM_ALGOS = ("gaia", "dgc")  # apply the sum of the partitions' updates
 PAPER_ALGOS = ("bsp", "gaia", "fedavg", "dgc")  # the Quagmire figures' algorithms, a subset of config.ALGOS
 ALGO_LABEL = {"bsp": "BSP", "gaia": "Gaia", "fedavg": "FedAvg", "dgc": "DGC", "fedavgm": "FedAvgM"}
 FIG1_THETA = {"gaia": ("--t0", 0.1), "fedavg": ("--iter-local", 20), "dgc": ("--e-warm", 8.0)}  # Quagmire §4.1
-NORM_LABEL = {"none": "LeNet", "batch": "BN-LeNet", "group": "GN-LeNet"}
+STUDY_MODELS = ("cnn", "lenet")
+NETWORK_LABEL = {"cnn": "CNN", "lenet": "LeNet"}
+NORM_PREFIX = {"none": "", "batch": "BN-", "group": "GN-", "batchrenorm": "BRN-"}
+
+
+def model_label(model: str, norm: str) -> str:
+    """'CNN', 'GN-CNN', 'LeNet', 'BN-LeNet', ...: the network and its normalization, as the tables name them."""
+    return NORM_PREFIX[norm] + NETWORK_LABEL[model]
+
 # flags the studies set themselves; refused after "--"
 CONTROLLED = ("algo", "out", "dataset", "partition", "skew", "alpha", "shards_per_partition", "skewscout", "t0",
               "iter_local", "e_warm", "lr", "epochs", "steps", "model", "norm", "lr_milestones", "eval_every",
@@ -79,8 +93,9 @@ PAPER_LENET_CIFAR10: dict[tuple[str, float | None], tuple[float, float]] = {
 
 
 def paper_accuracy(algo: str, theta: float | None, model: str, setting: str) -> float | None:
-    """The paper's CIFAR-10 accuracy (fraction) for this LeNet cell, or None where the paper has no such number."""
-    if model != "LeNet" or setting not in ("iid", "noniid-100%"):
+    """The paper's CIFAR-10 LeNet accuracy (fraction) for this cell of an un-normalized network (LeNet, or
+    the CNN beside it), or None where the paper has no such number."""
+    if model not in ("LeNet", "CNN") or setting not in ("iid", "noniid-100%"):
         return None
     pair = PAPER_LENET_CIFAR10.get((algo, None if theta is None else float(theta)))
     return None if pair is None else pair[setting != "iid"] / 100
@@ -165,7 +180,7 @@ class Cell:
     setting: str
     """'iid', 'noniid-100%' (label skew), 'dirichlet-0.1' ..."""
     model: str
-    """LeNet, BN-LeNet or GN-LeNet."""
+    """``model_label``: CNN, BN-CNN, GN-CNN, LeNet, BN-LeNet, GN-LeNet, ..."""
     knob: str
     """The algorithm's setting, e.g. 't0=0.1' ('' for BSP)."""
     lr: float
@@ -225,10 +240,11 @@ class Planner:
         knob_f, knob = ([], "") if theta is None else knob_flags(base_algo, theta, b)
         setting = setting_of(partition, value)
         slug = [] if theta is None else [f"{FIG1_THETA[base_algo][0].lstrip('-').replace('-', '_')}-{fmt(theta)}"]
-        run_id = "-".join([algo, *slug, *([NORM_LABEL[norm].lower()] if norm != "none" else []), setting.replace("%", "")])
-        argv = ("--algo", base_algo, *data_flags(a.dataset, partition, value), "--model", "lenet", "--norm", norm,
+        label = model_label(a.model, norm)
+        run_id = "-".join([algo, *slug, *([label.lower()] if norm != "none" else []), setting.replace("%", "")])
+        argv = ("--algo", base_algo, *data_flags(a.dataset, partition, value), "--model", a.model, "--norm", norm,
                 "--lr", fmt(lr), *b.flags(), *knob_f, *extra, *a.geodml_args)
-        cell = Cell(algo, setting, NORM_LABEL[norm], knob, lr, RunSpec(run_id, self.out / run_id, argv, a.nproc),
+        cell = Cell(algo, setting, label, knob, lr, RunSpec(run_id, self.out / run_id, argv, a.nproc),
                     skew=0.0 if partition == "iid" else value, theta=theta)
         self.cells.setdefault(run_id, cell)
         return self.cells[run_id]
@@ -565,6 +581,8 @@ def build_parser(name: str) -> argparse.ArgumentParser:
                    help="quick: --steps per run (checks the machinery); full: the paper's schedule, shortened by --epochs")
     p.add_argument("--dataset", choices=DATASETS, default=None, help="default: digits for quick, fashion-mnist for full")
     p.add_argument("--nproc", type=int, default=5, help="partitions K (torchrun --nproc_per_node)")
+    p.add_argument("--model", choices=STUDY_MODELS, default="cnn",
+                   help="cnn: McMahan et al.'s CNN (what the studies ran before issue 21); lenet: the authors' Caffe LeNet")
     p.add_argument("--algos", type=_algo_list, default=PAPER_ALGOS, help="subset of bsp,gaia,fedavg,dgc (bsp is always run)")
     p.add_argument("--epochs", type=float, help=f"full budget: epochs per run (default {PAPER_EPOCHS}, the paper's)")
     p.add_argument("--steps", type=int, help="quick budget: steps per run (default 10)")
@@ -573,7 +591,8 @@ def build_parser(name: str) -> argparse.ArgumentParser:
                    help="Gaia/DGC learning rate: divide = lr/K (they apply the sum of K updates), same = lr")
     p.add_argument("--eval-every", type=int, help="steps between validations (default: quick = --steps, full 500)")
     p.add_argument("--server-momentum", type=float, default=0.9, help="dirichlet: FedAvgM server momentum beta")
-    p.add_argument("--out", help="study directory (default runs/study-NAME-DATASET-BUDGET-kNPROC)")
+    p.add_argument("--out", help="study directory (default runs/study-NAME-DATASET-BUDGET-kNPROC, "
+                   "with -lenet appended for --model lenet)")
     p.add_argument("--jobs", type=int, default=1, help="runs at a time (2 cores: keep 1)")
     p.add_argument("--run-timeout", type=float, default=3600.0, help="seconds before a run is killed and reported")
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs")
@@ -602,7 +621,8 @@ def parse_args(name: str, argv: list[str]) -> argparse.Namespace:
         args.algos = ("bsp", *args.algos)  # every comparison is relative to BSP
     args.dataset = args.dataset or ("digits" if args.budget == "quick" else "fashion-mnist")
     if args.out is None:
-        args.out = str(Path("runs") / f"study-{name}-{args.dataset}-{args.budget}-k{args.nproc}")
+        suffix = "" if args.model == "cnn" else f"-{args.model}"
+        args.out = str(Path("runs") / f"study-{name}-{args.dataset}-{args.budget}-k{args.nproc}{suffix}")
     return args
 
 

@@ -50,7 +50,7 @@ def plan(args: argparse.Namespace, budget: paper.Budget) -> tuple[dict[float, li
     # across intervals; geodml's own default (the paper's) is not passed, so default runs keep their ids.
     every = travel_every(args, budget)
     travel = ("--travel-every", str(every)) if every != DEFAULT_TRAVEL_EVERY else ()
-    common = ["--model", "lenet", "--lr", paper.fmt(budget.lr), *budget.flags(), *args.geodml_args]
+    common = ["--model", args.model, "--lr", paper.fmt(budget.lr), *budget.flags(), *args.geodml_args]
     gaia_lr = paper.fmt(paper.lr_for("gaia", budget.lr, args.nproc, args.sum_lr))
     per_level, unique = {}, {}
     for level in levels(budget):
