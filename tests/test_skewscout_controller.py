@@ -12,7 +12,7 @@ from statistics import NormalDist
 import pytest
 
 from geodml.config import SkewScoutConfig
-from geodml.skewscout.controller import Controller, Pool
+from geodml.skewscout.controller import Controller, Pool, comm_ratio_for
 from geodml.skewscout.traveling import accuracy_variance
 
 GRID = (0.02, 0.05, 0.10, 0.20, 0.30, 0.40, 0.50)
@@ -245,3 +245,13 @@ def test_travel_cadence_in_steps_or_decisions():
                 {"skewscout_grid": (0.1, 0.1)}, {"skewscout_grid": (-0.1,)}):
         with pytest.raises(ValueError):
             SkewScoutConfig(**bad)
+
+
+def test_descending_knob_estimates_more_bytes_for_the_tighter_neighbour():
+    """DGC's E_warm grid runs 8, 4, 2 (most communication first): a longer warm-up costs more, so bytes ~ theta."""
+    grid = (8.0, 4.0, 2.0)
+    c = Controller(grid, 4.0, model_exchange_bytes=1000, confidence=0.5, window=1, comm_ratio=comm_ratio_for(grid))
+    # at 4: AL 0 -> f = 400/1000 = 0.4; 8 est. C = 400 * 8/4 = 800 -> 0.8; 2 est. C = 200 -> 0.2   => 2
+    d = c.decide(0.0, 400)
+    assert d.objective == pytest.approx({8.0: 0.8, 4.0: 0.4, 2.0: 0.2}) and d.theta_after == 2.0
+    assert comm_ratio_for(GRID)(0.1, 0.05) == 2.0  # T0: halving it doubles the bytes

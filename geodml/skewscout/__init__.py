@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from geodml.skewscout.controller import Controller, Decision, inverse_comm_ratio
+from geodml.skewscout.controller import Controller, Decision, comm_ratio_for
 from geodml.skewscout.traveling import ModelTraveler
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ class SkewScout:
         # the pool spans one rotation of the travel pairs (K-1 rounds visit every ordered pair once), at least 2
         self.controller = Controller(grid, self.knob.get(), model_exchange_bytes=full_exchange,
                                      lambda_al=cfg.lambda_al, lambda_c=cfg.lambda_c, sigma_al=cfg.sigma_al,
-                                     search=cfg.search, comm_ratio=inverse_comm_ratio, confidence=cfg.al_confidence,
+                                     search=cfg.search, comm_ratio=comm_ratio_for(grid), confidence=cfg.al_confidence,
                                      window=max(2, world_size - 1), seed=seed)
         # start from the grid point nearest to the configured knob
         self.knob.set(self.controller.theta)

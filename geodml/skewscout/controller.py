@@ -53,8 +53,9 @@ An *unexplored* theta (no memo) is estimated, optimistic on accuracy and scaled 
 * tighter (more communication) than i: AL = min(AL(i), sigma_AL) for mean and both bounds (more
   communication is assumed to fix the divergence); looser: AL(i)'s mean and bounds (less
   communication is assumed to cost nothing). The memo corrects either once measured.
-* C_est(theta') = C(i) * comm_ratio(theta_i, theta'); SkewScout uses :func:`inverse_comm_ratio`
-  for every knob (bytes ~ 1/theta, as for T0 and Iter_Local).
+* C_est(theta') = C(i) * comm_ratio(theta_i, theta'); SkewScout uses :func:`comm_ratio_for` the
+  grid: bytes ~ 1/theta for an ascending grid (T0, Iter_Local), ~ theta for a descending one
+  (E_warm), so the more-communication neighbour is always estimated to cost more.
 
 Search strategies (§7.2 names all three; §7.3 found hill climbing best), all on f_i / f_j above:
 
@@ -86,6 +87,17 @@ from geodml.config import SEARCHES
 def inverse_comm_ratio(theta_from: float, theta_to: float) -> float:
     """Bytes under theta_to relative to theta_from when bytes ~ 1/theta (Gaia T0, FedAvg Iter_Local)."""
     return theta_from / theta_to
+
+
+def proportional_comm_ratio(theta_from: float, theta_to: float) -> float:
+    """Bytes under theta_to relative to theta_from when bytes grow with theta (DGC's E_warm: a longer warm-up
+    sends denser updates for longer); a first-order guess, corrected by the memo once measured."""
+    return theta_to / theta_from
+
+
+def comm_ratio_for(grid: tuple[float, ...]) -> Callable[[float, float], float]:
+    """The byte estimate matching a grid's order (most communication first): ascending -> 1/theta, descending -> theta."""
+    return proportional_comm_ratio if len(grid) > 1 and grid[0] > grid[-1] else inverse_comm_ratio
 
 
 @dataclass
