@@ -55,6 +55,11 @@ def _finite(x: float) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
+def _int(x: Any) -> bool:
+    """An integer that is not a bool (True would otherwise pass as 1)."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def opt(default: Any, *, help: str, flag: str | None = None, choices: tuple[str, ...] | None = None,
         algos: tuple[str, ...] = (), norms: tuple[str, ...] = (), metavar: str | None = None,
         group: str | None = None, default_text: str | None = None) -> Any:
@@ -283,15 +288,37 @@ class AlgoConfig:
 
 @dataclass(kw_only=True)
 class SkewScoutConfig:
-    """SkewScout (Quagmire §7): model traveling and communication control."""
+    """SkewScout (Quagmire §7): model traveling and communication control.
+
+    Cadence: ``--travel-every N`` travels and decides every N steps (the paper: every 500
+    minibatches); ``--travel-decisions D`` instead spreads D decisions over the run (every
+    ``total_steps // D`` steps; the paper's 64,000 steps / 500 = 128). Steps stay the default:
+    the paper states its cadence in minibatches and a step interval behaves the same whatever the
+    run's length; a study that shortens the schedule passes ``--travel-decisions`` to keep the
+    paper's order of decisions (geodml.study.skewscout does). Giving both is refused.
+    """
 
     GROUP: ClassVar[str] = "SkewScout (Quagmire section 7)"
+    DEFAULT_TRAVEL_EVERY: ClassVar[int] = 500
+    """Steps between travels when neither --travel-every nor --travel-decisions is given (the paper's)."""
 
     enabled: bool = opt(False, flag="--skewscout", help="travel models and tune the algorithm's communication knob "
                         f"({', '.join(KNOB_ALGOS)})")
-    travel_every: int = opt(500, help="steps between model travels and decisions (the paper: 500 minibatches)")
-    travel_samples: int = opt(100, help="training examples a host evaluates a visiting model on "
-                              "(small on purpose, section 7.2)")
+    travel_every: int | None = opt(None, metavar="STEPS", help="steps between model travels and decisions",
+                                   default_text="500, the paper's 500 minibatches, unless --travel-decisions")
+    travel_decisions: int | None = opt(None, metavar="D", help="decisions per run instead: travel every "
+                                       "max(1, total steps // D) steps (the paper: 64,000 / 500 = 128)",
+                                       default_text="off")
+    travel_samples: int | None = opt(None, help="training examples a host evaluates a visiting model on (and the "
+                                     "sender its own model on); capped by the partition's size",
+                                     default_text="sized for --travel-se: ceil(0.5 / (K * se^2)), 1000 at K=5")
+    travel_se: float = opt(0.01, help="target standard error of the K-partition mean accuracy loss, worst case "
+                           "(p = 0.5): sizes --travel-samples when it is not given (0.01 = 1 pp, a fifth of sigma_AL)")
+    al_confidence: float = opt(0.95, help="one-sided confidence of the accuracy-loss bounds the controller decides on "
+                               "(0.5: the point estimate, the paper's rule; docs in geodml/skewscout/controller.py)")
+    skewscout_grid: tuple[float, ...] = opt((), metavar="V1,V2,...", help="knob values SkewScout may choose, "
+                                            "ordered by the knob itself (e.g. 0.005,0.01,...,0.5 for T0)",
+                                            default_text="the algorithm's grid")
     lambda_al: float = opt(50.0, help="Equation 1 weight of the accuracy-loss penalty (the paper: 50)")
     lambda_c: float = opt(1.0, help="Equation 1 weight of communication (the paper: 1)")
     sigma_al: float = opt(0.05, help="tolerated accuracy loss (the paper: 0.05 = 5%)")
@@ -299,15 +326,45 @@ class SkewScoutConfig:
                       help="hill, stochastic (hill climbing) or annealing (simulated annealing)")
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.travel_every, int) and self.travel_every >= 1,
-               f"--travel-every must be an integer >= 1, got {self.travel_every!r}")
-        _check(isinstance(self.travel_samples, int) and self.travel_samples >= 1,
+        _check(self.travel_every is None or (_int(self.travel_every) and self.travel_every >= 1),
+               f"--travel-every must be an integer >= 1 (steps), got {self.travel_every!r}")
+        _check(self.travel_decisions is None or (_int(self.travel_decisions) and self.travel_decisions >= 1),
+               f"--travel-decisions must be an integer >= 1 (decisions per run), got {self.travel_decisions!r}")
+        _check(self.travel_every is None or self.travel_decisions is None,
+               "--travel-every (steps) and --travel-decisions (decisions per run) set the same cadence; give one")
+        _check(self.travel_samples is None or (_int(self.travel_samples) and self.travel_samples >= 1),
                f"--travel-samples must be an integer >= 1, got {self.travel_samples!r}")
+        _check(_finite(self.travel_se) and 0 < self.travel_se <= 0.5,
+               f"--travel-se must be in (0, 0.5] (a standard error, 0.01 = 1 pp), got {self.travel_se!r}")
+        _check(_finite(self.al_confidence) and 0.5 <= self.al_confidence < 1,
+               f"--al-confidence must be in [0.5, 1) (0.95 = one-sided 95%), got {self.al_confidence!r}")
+        self.skewscout_grid = tuple(self.skewscout_grid)
+        _check(all(_finite(v) and v >= 0 for v in self.skewscout_grid),
+               f"--skewscout-grid takes finite knob values >= 0, got {self.skewscout_grid!r}")
+        _check(len(set(self.skewscout_grid)) == len(self.skewscout_grid),
+               f"--skewscout-grid has a repeated value: {self.skewscout_grid!r}")
         _check(_finite(self.lambda_al) and self.lambda_al >= 0, f"--lambda-al must be >= 0, got {self.lambda_al!r}")
         _check(_finite(self.lambda_c) and self.lambda_c >= 0, f"--lambda-c must be >= 0, got {self.lambda_c!r}")
         _check(_finite(self.sigma_al) and 0 <= self.sigma_al <= 1,
                f"--sigma-al must be in [0, 1], got {self.sigma_al!r}")
         _check(self.search in SEARCHES, f"--skewscout-search: choose one of {', '.join(SEARCHES)}, got {self.search!r}")
+
+    def interval_steps(self, total_steps: int) -> int:
+        """Steps between travels for a run of ``total_steps``: --travel-every, else total // --travel-decisions
+        (at least 1, so more decisions than steps means one per step), else the paper's 500."""
+        assert total_steps >= 1
+        if self.travel_decisions is not None:
+            return max(1, total_steps // self.travel_decisions)
+        return self.travel_every if self.travel_every is not None else self.DEFAULT_TRAVEL_EVERY
+
+    def samples(self, num_partitions: int) -> int:
+        """Examples per travel evaluation: --travel-samples, else the fewest n whose worst-case standard error
+        of the K-partition mean AL is <= --travel-se: AL_k = local - remote is a difference of two accuracies
+        on n examples each, Var <= 2 * 0.25 / n; the mean of K of them: 0.5 / (n K); so n = ceil(0.5 / (K se^2))."""
+        assert num_partitions >= 1
+        if self.travel_samples is not None:
+            return self.travel_samples
+        return math.ceil(0.5 / (num_partitions * self.travel_se ** 2) - 1e-9)
 
 
 @dataclass(kw_only=True)
@@ -423,6 +480,10 @@ class RunConfig:
         _check(not self.skewscout.enabled or self.algo.algo in KNOB_ALGOS,
                f"--skewscout tunes a communication knob; --algo {self.algo.algo} has none "
                f"(use {', '.join(KNOB_ALGOS[:-1])} or {KNOB_ALGOS[-1]})")
+        # FedAvg's knob counts steps (Iter_Local) or examples (FedVC's N_VC): whole numbers >= 1
+        _check(self.algo.algo != "fedavg" or all(v >= 1 and float(v).is_integer() for v in self.skewscout.skewscout_grid),
+               f"--skewscout-grid: FedAvg's knob counts steps or examples, so its values are integers >= 1, "
+               f"got {self.skewscout.skewscout_grid!r}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

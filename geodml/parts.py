@@ -209,9 +209,10 @@ def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: 
         from geodml.skewscout import ModelTraveler, SkewScout
         traveler = ModelTraveler(rank=rank, world_size=world, model=model, flat=flat, comm=comm,
                                  train_x=data.train_x, train_y=data.train_y, local_indices=parts[rank],
-                                 samples=cfg.skewscout.travel_samples, seed=cfg.seed)
+                                 samples=cfg.skewscout.samples(world), seed=cfg.seed)
         skewscout = SkewScout(cfg=cfg.skewscout, algo=algo, traveler=traveler, comm=comm, rank=rank, world_size=world,
-                              model_bytes=flat.numel * flat.data.element_size(), seed=cfg.seed)
+                              model_bytes=flat.numel * flat.data.element_size(), total_steps=total_steps,
+                              seed=cfg.seed)
     if exporter is not None:
         sink = MultiSink([sink, exporter])  # every rank: the exporter keeps the last validation accuracy
     checkpointer = Checkpointer(out, rank=rank, world_size=world, every_steps=cfg.reliability.checkpoint_every, fp=fp)

@@ -628,7 +628,7 @@ def _study_figures(study: Study, plt) -> list[str]:
             if study.name == "hparams":
                 figs.append(_figure(f"{study.name}_knobs", _fig_uri(lambda f: paper.plot_knobs(rep, f, plt)),
                                     "hparams: accuracy over each algorithm's knob, ours beside the paper's"))
-        elif "levels" in rep:
+        elif "figure8" in rep:
             from geodml.study import skewscout
             figs.append(_figure(f"{study.name}_savings", _fig_uri(lambda f: skewscout.write_plot(rep, f) is not None),
                                 "SkewScout and Oracle: communication savings over BSP per non-IID level"))

@@ -135,9 +135,9 @@ def _run(cfg, k, out, *, stop_after=None, resume=False):
             if cfg.skewscout.enabled:
                 trav = ModelTraveler(rank=rank, world_size=k, model=model, flat=flat, comm=comm, train_x=ds.train_x,
                                      train_y=ds.train_y, local_indices=parts[rank],
-                                     samples=cfg.skewscout.travel_samples, seed=cfg.seed)
+                                     samples=cfg.skewscout.samples(k), seed=cfg.seed)
                 sk = SkewScout(cfg=cfg.skewscout, algo=algo, traveler=trav, comm=comm, rank=rank, world_size=k,
-                               model_bytes=flat.numel * 4, seed=cfg.seed)
+                               model_bytes=flat.numel * 4, total_steps=total, seed=cfg.seed)
             cp = ck.Checkpointer(out, rank=rank, world_size=k, every_steps=cfg.reliability.checkpoint_every, fp=fp)
 
             def stop(tr):

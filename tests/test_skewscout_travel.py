@@ -55,12 +55,14 @@ def test_accuracy_loss_known_for_constructed_partitions(mode, expected_al):
         for rr in r["results"]:
             assert rr["local_accuracy"] == 1.0
             assert rr["accuracy_loss"] == pytest.approx(expected_al)
+            # 10 of 10 (or 0 of 10) on each side: p~ = 11/12 (1/12), v = (11/12)(1/12)/10 = 11/1440, twice
+            assert rr["accuracy_loss_var"] == pytest.approx(22 / 1440)
             assert rr["dst"] != rank and rr["src"] != rank
     # seeded rotation: with K=3 the shifts alternate 1, 2, so each partition visits both others
     for rank, r in enumerate(res):
         assert {rr["dst"] for rr in r["results"]} == {(rank + 1) % 3, (rank + 2) % 3}
     # the traveled model's bytes: every trip carries the 3x3 weight + 3 bias floats (12 x 4 B
-    # = 48 B of payload) plus one envelope; control replies carry one float32 (4 B) + envelope
+    # = 48 B of payload) plus one envelope; control replies carry two float32 (correct, evaluated) + envelope
     for r in res:
         travel = [row for row in r["rows"] if row["kind"] == "travel"]
         assert sum(row["messages"] for row in travel) == rounds

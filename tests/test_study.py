@@ -90,36 +90,54 @@ def test_norm_and_dirichlet_flags(tmp_path):
     assert "--server-momentum" not in cells["fedavg-iter_local-20-dirichlet-0.1"].spec.argv
 
 
-def test_skewscout_plan_shares_the_target_and_separates_levels(tmp_path):
-    args = paper.parse_args("skewscout", ["--budget", "quick", "--steps", "8", "--out", str(tmp_path / "s")])
-    per_level, (theta_name, grid) = skewscout.plan(args, paper.make_budget(args))
-    ids = {lvl: [p.spec.run_id for p in ps] for lvl, ps in per_level.items()}
-    assert ids[0.2] == ["bsp-iid", "bsp-label-0.2", "label-0.2-gaia-t0-0.05", "label-0.2-gaia-t0-0.5",
-                        "label-0.2-gaia-skewscout-t0-0.2"]
-    assert ids[1.0][0] == "bsp-iid" and ids[1.0][2] == "label-1-gaia-t0-0.05"
-    sc = per_level[1.0][-1].spec.argv
-    assert flag(sc, "--lr") == "0.004" and flag(per_level[1.0][1].spec.argv, "--lr") == "0.02"  # Gaia lr/K, BSP lr
-    assert "--skewscout" in sc and flag(sc, "--travel-every") == "4" and flag(sc, "--skew") == "1"
+def _fig8(tmp_path, *extra):
+    args, budget = skewscout.parse(["--budget", "quick", "--steps", "8", "--algos", "gaia", "--grid", "0.05,0.5",
+                                    "--seeds", "0,1", "--levels", "1", "--out", str(tmp_path / "s"), *extra])
+    return args, budget, {r.spec.run_id: r for r in skewscout.plan(args, budget)}
 
 
-def test_skewscout_travel_interval_reaches_only_the_skewscout_runs(tmp_path, capsys):
-    """--travel-every: SkewScout runs only (BSP/Oracle launch records unchanged, so they are reused), named by it."""
-    base = ["--budget", "full", "--epochs", "2", "--lr", "0.01", "--grid", "0.05,0.5", "--out", str(tmp_path / "s")]
-    def specs(extra):
-        args = paper.parse_args("skewscout", [*base, *extra])
-        per_level, _ = skewscout.plan(args, paper.make_budget(args))
-        return {p.spec.run_id: p.spec for ps in per_level.values() for p in ps}
-    default, every = specs([]), specs(["--travel-every", "100"])
-    assert "--travel-every" not in default["label-1-gaia-skewscout-t0-0.2"].argv  # geodml's default, the paper's 500
-    scout = every["label-1-gaia-skewscout-t0-0.2-travel-100"].argv
-    assert flag(scout, "--travel-every") == "100" and flag(scout, "--lr") == "0.002"
-    for rid in ("bsp-iid", "bsp-label-0.4", "label-0.4-gaia-t0-0.05"):  # the same runs, the same flags
-        assert every[rid].argv == default[rid].argv and "--travel-every" not in every[rid].argv
-    assert len(every) == len(default) == 21  # BSP-IID + 5 levels x (BSP, 2 Oracle runs, SkewScout)
-    for bad, message in ((["--travel-every", "0"], "--travel-every must be >= 1"),
-                         (["--", "--travel-every", "100"], "use the study's own --travel-every")):
-        assert skewscout.main([*base, *bad], launcher=no_launch) == 2
-        assert message in capsys.readouterr().err
+def test_skewscout_plan_seeds_grid_and_cadence(tmp_path):
+    """Figure 8: per seed BSP-IID and BSP, the Oracle's every theta and SkewScout over the same grid, same seeds."""
+    _, _, runs = _fig8(tmp_path)
+    assert list(runs) == ["bsp-iid-s0", "bsp-iid-s1", "bsp-label-1-s0", "bsp-label-1-s1",
+                          "gaia-t0-0.05-label-1-s0", "gaia-t0-0.5-label-1-s0", "gaia-skewscout-label-1-s0",
+                          "gaia-t0-0.05-label-1-s1", "gaia-t0-0.5-label-1-s1", "gaia-skewscout-label-1-s1"]
+    sc = runs["gaia-skewscout-label-1-s1"].spec.argv
+    assert flag(sc, "--seed") == "1" and flag(sc, "--lr") == "0.004" and flag(sc, "--norm") == "group"  # lr/K, GN-LeNet
+    assert flag(sc, "--travel-decisions") == "128" and flag(sc, "--skewscout-grid") == "0.05,0.5"
+    assert flag(sc, "--t0") == "0.1" and "--travel-every" not in sc  # starts at the paper's Figure 1 T0
+    theta = runs["gaia-t0-0.5-label-1-s0"].spec.argv
+    assert flag(theta, "--t0") == "0.5" and "--skewscout" not in theta and flag(theta, "--seed") == "0"
+    assert flag(runs["bsp-iid-s0"].spec.argv, "--partition") == "iid"
+    _, _, runs = _fig8(tmp_path, "--travel-every", "3")
+    assert flag(runs["gaia-skewscout-label-1-s0"].spec.argv, "--travel-every") == "3"
+    assert runs["gaia-t0-0.05-label-1-s0"].spec.argv == _fig8(tmp_path)[2]["gaia-t0-0.05-label-1-s0"].spec.argv
+
+
+def test_skewscout_full_plan_uses_the_extended_grids(tmp_path):
+    args, budget = skewscout.parse(["--budget", "full", "--epochs", "2", "--out", str(tmp_path / "s")])
+    runs = skewscout.plan(args, budget)
+    # 3 seeds x (BSP-IID + 5 levels x (BSP + Gaia 9 + 1 + FedAvg 9 + 1 + DGC 5 + 1))
+    assert len(runs) == 3 * (1 + 5 * (1 + 10 + 10 + 6))
+    assert skewscout.fig8_grid("gaia")[:3] == (0.005, 0.01, 0.02) and skewscout.fig8_grid("fedavg")[:3] == (1, 2, 5)
+    dgc = next(r for r in runs if r.role == "skewscout" and r.algo == "dgc").spec.argv
+    # E_warm in paper epochs x 2/128, as every DGC run of the studies
+    assert flag(dgc, "--skewscout-grid") == "0.125,0.0625,0.046875,0.03125,0.015625" and flag(dgc, "--e-warm") == "0.125"
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--travel-every", "5", "--travel-decisions", "4"], "give one"),
+    (["--travel-decisions", "0"], "--travel-decisions must be >= 1"),
+    (["--algos", "gaia,fedavg"], "--grid replaces one algorithm's grid"),
+    (["--levels", "0"], "--levels are non-IID fractions"),
+    (["--", "--seed", "3"], "--seed are set by the study"),
+    (["--", "--skewscout-grid", "0.1,0.2"], "--skewscout-grid are set by the study"),
+])
+def test_skewscout_bad_arguments(tmp_path, capsys, extra, message):
+    base = ["--budget", "quick", "--steps", "8", "--grid", "0.05,0.5", "--out", str(tmp_path / "s")]
+    algos = [] if "--algos" in extra else ["--algos", "gaia"]
+    assert skewscout.main([*base, *algos, *extra], launcher=no_launch) == 2
+    assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -275,30 +293,49 @@ def test_progress_eta():
 
 
 def test_skewscout_report_from_reused_runs(tmp_path, capsys):
-    """Figure 8 table: per level the Oracle (cheapest T0 within tolerance) and SkewScout savings over BSP."""
-    argv = ["--budget", "quick", "--steps", "8", "--out", str(tmp_path / "s")]
-    args = paper.parse_args("skewscout", argv)
-    per_level, _ = skewscout.plan(args, paper.make_budget(args))
-    acc = {"bsp-iid": (0.90, 1000), "bsp-label-0.2": (0.90, 1000), "label-0.2-gaia-t0-0.05": (0.895, 100),
-           "label-0.2-gaia-t0-0.5": (0.89, 20), "label-0.2-gaia-skewscout-t0-0.2": (0.891, 40),
-           "bsp-label-1": (0.88, 1000), "label-1-gaia-t0-0.05": (0.895, 250), "label-1-gaia-t0-0.5": (0.30, 10),
-           "label-1-gaia-skewscout-t0-0.2": (0.70, 50)}
-    for ps in per_level.values():
-        for p in ps:
-            if not p.spec.out.exists():
-                p.spec.out.mkdir(parents=True)
-                (p.spec.out / "launch.json").write_text(json.dumps(runner.launch_record(p.spec)))
-                a, b = acc[p.spec.run_id]
-                (p.spec.out / "summary.json").write_text(json.dumps(
-                    {"final_val_accuracy": a, "wan_bytes_total": b, "theta_final": 0.1, "theta_trajectory": []}))
+    """Figure 8 rows from finished runs: target = mean BSP-IID over seeds; Oracle = fewest mean bytes meeting it."""
+    args, budget, runs = _fig8(tmp_path)
+    acc = {  # (accuracy, WAN bytes) per seed 0, 1
+        "bsp-iid": ((0.90, 1), (0.92, 1)),             # target 0.91, sd 0.014142; tolerance 0.01 -> 0.90
+        "bsp-label-1": ((0.90, 1000), (0.90, 1200)),   # BSP bytes: mean 1100
+        "gaia-t0-0.05-label-1": ((0.905, 100), (0.915, 120)),  # mean 0.91 meets, 110 B: the Oracle, 10x
+        "gaia-t0-0.5-label-1": ((0.95, 10), (0.80, 10)),       # mean 0.875 misses (though seed 0 alone would meet)
+        "gaia-skewscout-label-1": ((0.90, 200), (0.92, 240)),  # mean 0.91 meets; 220 B: 5x, 2x the Oracle
+    }
+    for rid, r in runs.items():
+        a, b = acc[rid.rsplit("-s", 1)[0]][r.seed]
+        r.spec.out.mkdir(parents=True)
+        (r.spec.out / "launch.json").write_text(json.dumps(runner.launch_record(r.spec)))
+        (r.spec.out / "summary.json").write_text(json.dumps(
+            {"final_val_accuracy": a, "wan_bytes_total": b, "theta_final": 0.05 if r.role == "skewscout" else None}))
+    argv = ["--budget", "quick", "--steps", "8", "--algos", "gaia", "--grid", "0.05,0.5", "--seeds", "0,1",
+            "--levels", "1", "--out", str(tmp_path / "s")]
     assert skewscout.main(argv, launcher=no_launch) == 0
-    assert capsys.readouterr().out.count("] reused ") == 9
+    assert capsys.readouterr().out.count("] reused ") == 10
     rep = json.loads((tmp_path / "s" / "skewscout.json").read_text())
-    lv = {r["skew"]: r for r in rep["levels"]}
-    assert lv[0.2]["oracle_t0"] == 0.5 and lv[0.2]["oracle_savings"] == 50.0  # 0.89 >= 0.90 - 0.01; 1000 / 20
-    assert lv[0.2]["skewscout_savings"] == 25.0 and lv[0.2]["skewscout_meets_target"] is True
-    assert lv[1.0]["oracle_t0"] == 0.05 and lv[1.0]["oracle_savings"] == 4.0  # T0=0.5 misses the target
-    assert lv[1.0]["skewscout_savings"] == 20.0 and lv[1.0]["skewscout_meets_target"] is False
+    assert rep["target"]["accuracy"] == pytest.approx(0.91) and rep["target"]["threshold"] == pytest.approx(0.90)
+    rows = {r["algorithm"]: r for r in rep["figure8"]}
+    assert list(rows) == ["BSP", "Gaia Oracle", "Gaia + SkewScout"]
+    o, s, b = rows["Gaia Oracle"], rows["Gaia + SkewScout"], rows["BSP"]
+    assert o["theta"] == 0.05 and o["savings_over_bsp"] == pytest.approx(10.0) and o["bytes_vs_oracle"] == 1.0
+    assert s["savings_over_bsp"] == pytest.approx(5.0) and s["bytes_vs_oracle"] == pytest.approx(2.0)
+    assert s["meets_target"] is True and s["seeds_meeting"] == "2/2" and s["theta"] == "0.05/0.05"
+    assert b["savings_over_bsp"] == 1.0 and b["bytes_vs_oracle"] == pytest.approx(10.0) and b["meets_target"] is True
+    with open(tmp_path / "s" / "skewscout.csv") as f:
+        csv_rows = list(csv.DictReader(f))
+    assert list(csv_rows[0])[:6] == ["skew", "algorithm", "savings_over_bsp", "accuracy", "meets_target",
+                                     "bytes_vs_oracle"]
+    assert csv_rows[2]["algorithm"] == "Gaia + SkewScout" and float(csv_rows[2]["bytes_vs_oracle"]) == pytest.approx(2.0)
     md = (tmp_path / "s" / "skewscout.md").read_text()
-    assert "| 100% | 0.9000 | 0.8800 | 0.05 | 0.8950 | 4.0x | 0.2 -> 0.1 | 0.7000 | 20.0x | no |" in md
-    assert (tmp_path / "s" / "levels" / "label-1.md").exists() and (tmp_path / "s" / "savings.png").exists()
+    assert "BSP-IID's seed standard deviation is 0.0141: the tolerance is below twice that" in md
+    assert "| 100% | Gaia + SkewScout | t0=0.05/0.05 | 0.9100 (0.0141) | yes (2/2) | 5.0x | 2.00x |" in md
+    assert (tmp_path / "s" / "savings.png").exists()
+    # a target no theta meets: no Oracle, SkewScout's bytes_vs_oracle unknown
+    for r in runs.values():
+        if r.role == "theta":
+            s_path = r.spec.out / "summary.json"
+            s_path.write_text(json.dumps({**json.loads(s_path.read_text()), "final_val_accuracy": 0.5}))
+    assert skewscout.main(argv, launcher=no_launch) == 0
+    rows = {r["algorithm"]: r for r in json.loads((tmp_path / "s" / "skewscout.json").read_text())["figure8"]}
+    assert rows["Gaia Oracle"]["theta"] is None and "no theta meets the target" in rows["Gaia Oracle"]["note"]
+    assert rows["Gaia + SkewScout"]["bytes_vs_oracle"] is None and rows["Gaia + SkewScout"]["meets_target"] is True

@@ -26,6 +26,14 @@ class KnobSpec:
     grid: tuple[float, ...]
     """The values SkewScout may choose, ordered from MOST to LEAST communication (index 0 sends most)."""
 
+    def with_grid(self, values: tuple[float, ...]) -> KnobSpec:
+        """This knob over other ``values`` (e.g. ``--skewscout-grid``), ordered like this grid: most communication
+        first (ascending for T0 and Iter_Local, descending for E_warm). Empty ``values``: this spec unchanged."""
+        if not values:
+            return self
+        descending = len(self.grid) > 1 and self.grid[0] > self.grid[-1]
+        return KnobSpec(self.name, tuple(sorted({float(v) for v in values}, reverse=descending)))
+
     def bind(self, *, get: Callable[[], float], set: Callable[[float], None]) -> Knob:
         """This spec on one algorithm instance."""
         return Knob(name=self.name, grid=self.grid, get=get, set=set)

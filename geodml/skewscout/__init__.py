@@ -1,21 +1,27 @@
 """SkewScout (Quagmire §7): model traveling + communication control, run every travel interval.
 
 ``SkewScout.maybe_run(step)`` is called by the trainer after every step on every rank. At
-each multiple of ``travel_every`` it (1) travels models (geodml.skewscout.traveling), (2)
-sends each partition's accuracy loss and the algorithm bytes it sent during the interval to
-rank 0 (kind ``control``, 8 B each), (3) rank 0's controller (geodml.skewscout.controller)
-picks the next theta from the mean accuracy loss and the total bytes, (4) rank 0 broadcasts
-it (kind ``control``) and every rank applies it through ``algorithm.knob`` at the same step.
+each multiple of the travel interval (``SkewScoutConfig.interval_steps``: ``--travel-every``
+steps, or the run's steps / ``--travel-decisions``) it (1) travels models
+(geodml.skewscout.traveling), (2) sends each partition's accuracy loss, its sampling variance
+and the algorithm bytes it sent during the interval to rank 0 (kind ``control``, 24 B each),
+(3) rank 0's controller (geodml.skewscout.controller) pools the mean accuracy loss with its
+standard error, sqrt(sum_k Var(AL_k)) / K, and picks the next theta from the total bytes,
+(4) rank 0 broadcasts it (kind ``control``) and every rank applies it through ``algorithm.knob``
+at the same step. The knob's values are ``--skewscout-grid`` when given (ordered like the
+algorithm's grid), else the algorithm's own grid. Every travel and control byte is charged to
+the ledger (so to ``wan_bytes_total``); only the algorithm's own kinds count as C(theta).
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from geodml.skewscout.controller import Controller, Decision, inverse_comm_ratio
+from geodml.skewscout.controller import Controller, Decision, comm_ratio_for
 from geodml.skewscout.traveling import ModelTraveler
 
 if TYPE_CHECKING:
@@ -29,21 +35,25 @@ ALGORITHM_KINDS = ("gradient", "update", "model")
 
 class SkewScout:
     def __init__(self, *, cfg: SkewScoutConfig, algo: Algorithm, traveler: ModelTraveler, comm: Comm, rank: int,
-                 world_size: int, model_bytes: int, seed: int) -> None:
+                 world_size: int, model_bytes: int, total_steps: int, seed: int) -> None:
         assert algo.knob is not None, "RunConfig refuses --skewscout for an algorithm without a knob"
         self.cfg, self.knob, self.traveler, self.comm = cfg, algo.knob, traveler, comm
         self.rank, self.world_size = rank, world_size
+        self.travel_every = cfg.interval_steps(total_steps)
         self.rounds = 0
         self.last_bytes = 0
+        grid = self.knob.with_grid(cfg.skewscout_grid).grid
         # CM: the whole model from every partition to every other one, every step of the interval
-        full_exchange = cfg.travel_every * world_size * (world_size - 1) * model_bytes
-        self.controller = Controller(self.knob.grid, self.knob.get(), model_exchange_bytes=full_exchange,
+        full_exchange = self.travel_every * world_size * (world_size - 1) * model_bytes
+        # the pool spans one rotation of the travel pairs (K-1 rounds visit every ordered pair once), at least 2
+        self.controller = Controller(grid, self.knob.get(), model_exchange_bytes=full_exchange,
                                      lambda_al=cfg.lambda_al, lambda_c=cfg.lambda_c, sigma_al=cfg.sigma_al,
-                                     search=cfg.search, comm_ratio=inverse_comm_ratio, seed=seed)
+                                     search=cfg.search, comm_ratio=comm_ratio_for(grid), confidence=cfg.al_confidence,
+                                     window=max(2, world_size - 1), seed=seed)
         # start from the grid point nearest to the configured knob
         self.knob.set(self.controller.theta)
         self.trajectory: list[dict] = [{"step": 0, "theta": self.controller.theta}]
-        self.msg = np.zeros(2, dtype=np.float64)
+        self.msg = np.zeros(3, dtype=np.float64)  # (AL_k, Var(AL_k), algorithm bytes of the interval)
         self.theta_t = torch.zeros(1, dtype=torch.float64)
 
     def _algorithm_bytes(self) -> int:
@@ -51,25 +61,27 @@ class SkewScout:
 
     def maybe_run(self, step: int) -> dict | None:
         """Run SkewScout if ``step`` (steps done so far) ends a travel interval; return its record."""
-        if step == 0 or step % self.cfg.travel_every:
+        if step == 0 or step % self.travel_every:
             return None
         res = self.traveler.travel(self.rounds, step)
         self.rounds += 1
         total = self._algorithm_bytes()
         interval_bytes, self.last_bytes = total - self.last_bytes, total
-        self.msg[0], self.msg[1] = res["accuracy_loss"], interval_bytes
+        self.msg[:] = (res["accuracy_loss"], res["accuracy_loss_var"], interval_bytes)
         record: dict = {}
         if self.rank == 0:
-            als, byts = [res["accuracy_loss"]], [interval_bytes]
+            als, variances, byts = [res["accuracy_loss"]], [res["accuracy_loss_var"]], [interval_bytes]
             for src in range(1, self.world_size):
                 arr = self.comm.recv(src, "control", step=step)[0]
                 als.append(float(arr[0]))
-                byts.append(int(arr[1]))
-            d: Decision = self.controller.decide(float(np.mean(als)), int(sum(byts)))
+                variances.append(float(arr[1]))
+                byts.append(int(arr[2]))
+            se = math.sqrt(sum(variances)) / len(als)  # of the mean of K independent partitions' AL
+            d: Decision = self.controller.decide(float(np.mean(als)), int(sum(byts)), se)
             self.theta_t[0] = d.theta_after
-            record = {"accuracy_loss": d.accuracy_loss, "accuracy_loss_per_partition": als,
-                      "theta_before": d.theta_before, "theta": d.theta_after,
-                      "skewscout_bytes_interval": d.bytes_interval,
+            record = {"accuracy_loss": d.accuracy_loss, "accuracy_loss_se": d.accuracy_loss_se,
+                      "accuracy_loss_per_partition": als, "theta_before": d.theta_before, "theta": d.theta_after,
+                      "skewscout_bytes_interval": d.bytes_interval, "skewscout_pooled": d.pooled,
                       "skewscout_objective": {str(k): v for k, v in d.objective.items()},
                       "skewscout_estimated": d.estimated}
         else:
@@ -82,7 +94,8 @@ class SkewScout:
         return record
 
     def summary(self) -> dict:
-        return {"theta_trajectory": self.trajectory, "skewscout_rounds": self.rounds}
+        return {"theta_trajectory": self.trajectory, "skewscout_rounds": self.rounds,
+                "skewscout_travel_every": self.travel_every}
 
     def state_dict(self) -> dict:
         return {"rounds": self.rounds, "last_bytes": self.last_bytes, "trajectory": list(self.trajectory),

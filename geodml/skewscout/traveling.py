@@ -7,10 +7,17 @@ shift s = 1 + (r + offset) mod (K-1), offset drawn once from the run seed, so ev
 pair is visited once every K-1 rounds and every partition hosts exactly one visitor per round.
 
 The host evaluates the visitor on a random subset of its own training data (``samples``
-examples, seeded by round) and returns the accuracy (kind ``control``, one float32). The
-sender evaluates its own model on a same-size random subset of its own data; the accuracy
-loss is AL_k = local_k - remote_k. Evaluation is in eval mode (BatchNorm uses the model's
-running statistics), so both sides measure the same function.
+examples, seeded by round; SkewScoutConfig.samples sizes it for a target standard error) and
+returns the count correct and the count evaluated (kind ``control``, two float32: 8 B, charged
+to the ledger like every travel byte). The sender evaluates its own model on a same-size random
+subset of its own data; the accuracy loss is AL_k = local_k - remote_k, and its sampling variance
+is that of a difference of two independent binomial proportions,
+
+    Var(AL_k) = v(x_l, n_l) + v(x_r, n_r),   v(x, n) = p~(1 - p~) / n,   p~ = (x + 1) / (n + 2)
+
+(p~ the add-one estimate, so a trip that gets every example right still reports a non-zero
+error). Evaluation is in eval mode (BatchNorm uses the model's running statistics), so both
+sides measure the same function.
 """
 
 from __future__ import annotations
@@ -28,6 +35,13 @@ if TYPE_CHECKING:
     from geodml.comm.api import Comm
 
 
+def accuracy_variance(correct: int, n: int) -> float:
+    """Sampling variance of an accuracy measured as ``correct`` of ``n`` (add-one estimate, module docstring)."""
+    assert 0 <= correct <= n and n >= 1
+    p = (correct + 1) / (n + 2)
+    return p * (1 - p) / n
+
+
 class ModelTraveler:
     def __init__(self, *, rank: int, world_size: int, model: nn.Module, flat: FlatParams, comm: Comm,
                  train_x: torch.Tensor, train_y: torch.Tensor, local_indices: np.ndarray, samples: int,
@@ -43,7 +57,7 @@ class ModelTraveler:
         # The visitor lives in a preallocated copy of the model.
         self.visitor = copy.deepcopy(model)
         self.visitor_flat = FlatParams(self.visitor)
-        self.acc_buf = np.zeros(1, dtype=np.float32)
+        self.acc_buf = np.zeros(2, dtype=np.float32)  # (correct, evaluated): exact integers below 2**24
 
     def partners(self, round_: int) -> tuple[int, int]:
         """(destination, source) of this partition's model exchange in ``round_``."""
@@ -57,15 +71,16 @@ class ModelTraveler:
         return torch.from_numpy(np.sort(idx)).to(self.train_x.device)
 
     @torch.no_grad()
-    def _accuracy(self, model: nn.Module, idx: torch.Tensor) -> float:
+    def _correct(self, model: nn.Module, idx: torch.Tensor) -> int:
         was = model.training
         model.eval()
         correct = int((model(self.train_x[idx]).argmax(1) == self.train_y[idx]).sum())
         model.train(was)
-        return correct / len(idx)
+        return correct
 
     def travel(self, round_: int, step: int) -> dict[str, float]:
-        """One travel round; returns local, remote accuracy and AL for this partition's model."""
+        """One travel round; returns local and remote accuracy, AL and AL's sampling variance for this
+        partition's model (and the partners)."""
         dst, src = self.partners(round_)
         payload = [self.flat.data, *self.flat.float_buffers]
         self.comm.send(dst, "travel", payload, step=step)
@@ -73,10 +88,12 @@ class ModelTraveler:
         copy_array_into(self.visitor_flat.data, arrays[0])
         for b, a in zip(self.visitor_flat.float_buffers, arrays[1:]):
             copy_array_into(b, a)
-        host_acc = self._accuracy(self.visitor, self._subset(round_, 1))
-        self.acc_buf[0] = host_acc
+        self.acc_buf[0], self.acc_buf[1] = self._correct(self.visitor, self._subset(round_, 1)), self.samples
         self.comm.send(src, "control", [self.acc_buf], step=step)
-        local = self._accuracy(self.model, self._subset(round_, 2))
-        remote = float(self.comm.recv(dst, "control", step=step)[0][0])
+        local_correct = self._correct(self.model, self._subset(round_, 2))
+        reply = self.comm.recv(dst, "control", step=step)[0]
+        remote_correct, remote_n = int(round(float(reply[0]))), int(round(float(reply[1])))
+        local, remote = local_correct / self.samples, remote_correct / remote_n
+        var = accuracy_variance(local_correct, self.samples) + accuracy_variance(remote_correct, remote_n)
         return {"local_accuracy": local, "remote_accuracy": remote, "accuracy_loss": local - remote,
-                "dst": dst, "src": src}
+                "accuracy_loss_var": var, "dst": dst, "src": src}

@@ -597,10 +597,8 @@ def build_parser(name: str) -> argparse.ArgumentParser:
     p.add_argument("--run-timeout", type=float, default=3600.0, help="seconds before a run is killed and reported")
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs")
     if name == "skewscout":
-        p.add_argument("--tolerance", type=float, default=0.01, help="accepted accuracy below BSP-IID's (absolute)")
-        p.add_argument("--grid", help="Gaia T0 values for the Oracle, e.g. 0.05,0.2 (default: quick 0.05,0.5; full all)")
-        p.add_argument("--travel-every", type=int, help="steps between SkewScout's travels/decisions, its runs only "
-                       "(default: quick steps/2, full 500 as in the paper; at a 2-epoch budget 500 means 2 decisions)")
+        from geodml.study.skewscout import add_arguments
+        add_arguments(p)
     return p
 
 
