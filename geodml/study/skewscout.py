@@ -124,6 +124,7 @@ def _seeds(text: str) -> tuple[int, ...]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """This study's flags, beside paper.build_parser's common ones."""
+    p.set_defaults(model="lenet")  # the paper's network (the common parser's default is cnn)
     p.add_argument("--seeds", type=_seeds, help="seeds, every run once per seed (default: full 0,1,2; quick 0)")
     p.add_argument("--levels", type=_floats, help="non-IID fractions (default: full 0.2,0.4,0.6,0.8,1; quick 0.2,1)")
     p.add_argument("--norm", choices=("group", "none"), default="group",
@@ -206,7 +207,7 @@ def plan(args: argparse.Namespace, budget: paper.Budget) -> list[Fig8Run]:
         data = paper.data_flags(args.dataset, "iid", None) if level is None else paper.data_flags(args.dataset, "label",
                                                                                                   level)
         rid = f"{slug}-{_label(level)}-s{seed}"
-        argv = ("--algo", algo, *data, "--model", "lenet", "--norm", args.norm, "--lr", paper.fmt(lr), *budget.flags(),
+        argv = ("--algo", algo, *data, "--model", args.model, "--norm", args.norm, "--lr", paper.fmt(lr), *budget.flags(),
                 "--seed", str(seed), *flags, *args.geodml_args)
         runs.append(Fig8Run(role, level, algo, theta, seed, RunSpec(rid, out / rid, argv, args.nproc)))
 
@@ -323,7 +324,8 @@ def build_report(args: argparse.Namespace, budget: paper.Budget, runs: list[Fig8
         rows.extend(level_rows)
     failed = sorted(r.spec.run_id for r in runs if not by_id[r.spec.run_id].succeeded)
     return {"study": "skewscout", "paper": paper.PAPER_REF["skewscout"], "dataset": args.dataset, "nproc": args.nproc,
-            "norm": args.norm, "model": "GN-LeNet" if args.norm == "group" else "LeNet", "seeds": list(args.seeds),
+            "norm": args.norm, "model": {"lenet": "LeNet", "cnn": "CNN"}[args.model] if args.norm == "none" else
+            f"GN-{ {'lenet': 'LeNet', 'cnn': 'CNN'}[args.model] }", "seeds": list(args.seeds),
             "levels": list(args.levels), "algos": list(knob_algos(args)),
             "grids": {a: list(grid_of(args, a)) for a in knob_algos(args)}, "grid_override": args.grid is not None,
             "travel_decisions": args.travel_decisions, "travel_every": args.travel_every,
