@@ -339,3 +339,26 @@ def test_skewscout_report_from_reused_runs(tmp_path, capsys):
     rows = {r["algorithm"]: r for r in json.loads((tmp_path / "s" / "skewscout.json").read_text())["figure8"]}
     assert rows["Gaia Oracle"]["theta"] is None and "no theta meets the target" in rows["Gaia Oracle"]["note"]
     assert rows["Gaia + SkewScout"]["bytes_vs_oracle"] is None and rows["Gaia + SkewScout"]["meets_target"] is True
+
+
+@pytest.mark.integration
+def test_processes_host_blocks_of_partitions_and_do_not_change_a_runs_identity(tmp_path):
+    spec = runner.RunSpec("gaia-iid", tmp_path / "gaia-iid", ("--algo", "gaia"), 6)
+    assert runner.torchrun_command(spec)[4:7] == ["--nproc_per_node=6", "-m", "geodml"]
+    assert "--partitions" not in runner.torchrun_command(spec)
+    hosted = runner.RunSpec("gaia-iid", tmp_path / "gaia-iid", ("--algo", "gaia"), 6, processes=2)
+    cmd = runner.torchrun_command(hosted)
+    assert cmd[4] == "--nproc_per_node=2" and cmd[cmd.index("--partitions") + 1] == "6"
+    assert runner.launch_record(hosted) == runner.launch_record(spec) == {"argv": ["--algo", "gaia"], "nproc": 6}
+    assert hosted == spec  # R is not part of the run's identity (results are bit-identical over R)
+    seen = []
+
+    def launch(s, stdout, stderr):
+        seen.append((s.procs, s.launch_argv))
+        return subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"], stdout=stdout, stderr=stderr,
+                                start_new_session=True)
+    small = runner.RunSpec("bsp-iid", tmp_path / "bsp-iid", ("--algo", "bsp"), 2)
+    runner.run_all([spec, small], processes=3, launcher=launch, log=lambda m: None)
+    assert seen == [(3, ("--algo", "gaia", "--partitions", "6")), (2, ("--algo", "bsp"))]
+    with pytest.raises(ValueError, match="processes must be >= 1"):
+        runner.run_all([spec], processes=0, launcher=launch)

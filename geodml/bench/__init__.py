@@ -25,6 +25,7 @@ BENCHMARKS: dict[str, str] = {
     "startup": "geodml.bench.startup:main",
     "scale": "geodml.bench.scale:main",
     "breakdown": "geodml.bench.breakdown:main",
+    "federation": "geodml.bench.federation:main",
 }
 """name -> "module:function" (the function parses its own options from argv)."""
 
@@ -37,12 +38,14 @@ DESCRIPTIONS: dict[str, str] = {
     "startup": "launch to first step, K=5 and K=16, vs torchrun + import torch + process group",
     "scale": "wall time per epoch at fixed total data, K=2,5,10,16, vs K=2",
     "breakdown": "where a step's time goes (compute, algorithm, send, recv wait, log) per algorithm",
+    "federation": "P = 16 .. 10,000 partitions on R = 1, 2 processes: partition-steps/s vs a plain loop, memory vs state",
 }
 
 SUITE: tuple[str, ...] = ("throughput", "kernels", "transport", "startup", "scale")
 """What ``python -m geodml.bench`` runs with no NAME (issue 12's table, in this order)."""
 
-QUICK_SUPPORTED: frozenset[str] = frozenset({"throughput", "kernels", "startup", "scale", "breakdown", "transport"})
+QUICK_SUPPORTED: frozenset[str] = frozenset({"throughput", "kernels", "startup", "scale", "breakdown", "transport",
+                                                "federation"})
 """Benchmarks that accept ``--quick``."""
 
 

@@ -192,6 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--alpha", type=float, default=data.alpha, help="--partition dirichlet: concentration")
     p.add_argument("--shards-per-partition", type=int, default=data.shards_per_partition, help="--partition shards")
     p.add_argument("--nproc", type=int, default=5, help="partitions (torchrun --nproc_per_node)")
+    p.add_argument("--processes", type=int, help="processes per run R (default: one per partition); each hosts a "
+                   "block of the --nproc partitions; results do not depend on R, so finished runs are reused")
     p.add_argument("--tolerance", type=float, default=0.01, help="accepted accuracy below BSP-IID's (absolute)")
     p.add_argument("--grid", type=_float_list,
                    help="restrict the knob's grid, e.g. 0.05,0.5 (default: the algorithm's whole grid)")
@@ -406,6 +408,7 @@ def main(argv: list[str] | None = None, *, launcher: Launcher = torchrun_launche
     print(f"oracle study: {len(runs)} runs of {args.algo} ({theta_name} in {', '.join(map(format_theta, grid))}) "
           f"on {args.dataset}, {setting_name(args)}, K={args.nproc}, into {args.out}", flush=True)
     results = run_all([p.spec for p in runs], jobs=args.jobs, timeout_s=args.run_timeout, launcher=launcher,
+                      processes=args.processes,
                       log=lambda m: print(m, flush=True))
     report = build_report(args, theta_name, grid, runs, results)
     print("\n" + write_outputs(report, Path(args.out)) + f"\nwritten: {Path(args.out) / 'oracle.json'}, "

@@ -581,6 +581,8 @@ def build_parser(name: str) -> argparse.ArgumentParser:
                    help="quick: --steps per run (checks the machinery); full: the paper's schedule, shortened by --epochs")
     p.add_argument("--dataset", choices=DATASETS, default=None, help="default: digits for quick, fashion-mnist for full")
     p.add_argument("--nproc", type=int, default=5, help="partitions K (torchrun --nproc_per_node)")
+    p.add_argument("--processes", type=int, help="processes per run R (default: one per partition); each hosts a "
+                   "block of the --nproc partitions; results do not depend on R, so finished runs are reused")
     p.add_argument("--model", choices=STUDY_MODELS, default="cnn",
                    help="cnn: McMahan et al.'s CNN (what the studies ran before issue 21); lenet: the authors' Caffe LeNet")
     p.add_argument("--algos", type=_algo_list, default=PAPER_ALGOS, help="subset of bsp,gaia,fedavg,dgc (bsp is always run)")
@@ -609,6 +611,8 @@ def parse_args(name: str, argv: list[str]) -> argparse.Namespace:
     args.name, args.geodml_args = name, tuple(extra)
     if args.nproc < 2:
         parser.error(f"--nproc must be >= 2 (a study compares partitions), got {args.nproc}")
+    if args.processes is not None and not 1 <= args.processes <= args.nproc:
+        parser.error(f"--processes must be in 1..--nproc ({args.nproc}), got {args.processes}")
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
     if not (math.isfinite(args.run_timeout) and args.run_timeout > 0):
@@ -667,6 +671,7 @@ def main_for(name: str, argv: list[str] | None = None, *, launcher: Launcher = t
     print(f"{name} study ({PAPER_REF[name]}): {len(cells)} runs on {args.dataset}, K={args.nproc}, budget {budget.name}, "
           f"into {args.out}", flush=True)
     results = run_all([c.spec for c in cells], jobs=args.jobs, timeout_s=args.run_timeout, launcher=launcher,
+                      processes=args.processes,
                       log=lambda m: print(m, flush=True))
     report = build_report(args, budget, cells, results)
     text, paths = write_outputs(report, Path(args.out), plots=not args.no_plots)

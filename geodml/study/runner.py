@@ -23,6 +23,8 @@ A study (the Oracle baseline of §7.3, later the whole-paper study runner) is a 
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import math
 import os
@@ -48,13 +50,28 @@ STDERR_FILE = "stderr.txt"
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One geodml run: ``torchrun --nproc_per_node=nproc -m geodml *argv --out out``."""
+    """One geodml run: ``torchrun --nproc_per_node=nproc -m geodml *argv --out out``, or, with
+    ``processes`` R < nproc, ``torchrun --nproc_per_node=R -m geodml *argv --partitions nproc``
+    (each process hosts a block of partitions). The processes do not change the results (P
+    partitions on any R are bit-identical: tests/test_partitions.py), so they are not part of the
+    run's identity: a finished run is reused whatever R it ran on."""
 
     run_id: str
     out: Path
     argv: tuple[str, ...]
     nproc: int
     meta: dict = field(default_factory=dict, compare=False, hash=False)
+    processes: int = field(default=0, compare=False)
+    """Processes R (0: one per partition)."""
+
+    @property
+    def launch_argv(self) -> tuple[str, ...]:
+        """argv as launched: with ``--partitions`` when the processes host several partitions each."""
+        return (*self.argv, "--partitions", str(self.nproc)) if self.procs != self.nproc else self.argv
+
+    @property
+    def procs(self) -> int:
+        return self.processes or self.nproc
 
 
 @dataclass
@@ -82,8 +99,8 @@ Launcher = Callable[[RunSpec, IO[bytes], IO[bytes]], subprocess.Popen]
 
 def torchrun_command(spec: RunSpec) -> list[str]:
     """The command line of one run (``--standalone``: torchrun picks a free port, so runs can overlap)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={spec.nproc}",
-            "-m", "geodml", *spec.argv, "--out", str(spec.out)]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={spec.procs}",
+            "-m", "geodml", *spec.launch_argv, "--out", str(spec.out)]
 
 
 def child_env() -> dict[str, str]:
@@ -117,8 +134,8 @@ def validate_spec(spec: RunSpec) -> None:
     if read_summary(spec.out) is not None:
         return
     interrupted = (Path(spec.out) / LAUNCH_FILE).exists()
-    cfg = parse_config([*spec.argv, *([] if interrupted else ["--out", str(spec.out)])])
-    preflight(cfg, Env(0, spec.nproc, 0, spec.nproc, True), data=False)
+    cfg = parse_config([*spec.launch_argv, *([] if interrupted else ["--out", str(spec.out)])])
+    preflight(cfg, Env(0, spec.procs, 0, spec.procs, True), data=False)
 
 
 def launch_record(spec: RunSpec) -> dict:
@@ -256,13 +273,19 @@ def eta_text(durations: list[float], remaining: int, jobs: int) -> str:
 
 
 def run_all(specs: list[RunSpec], *, jobs: int = 1, timeout_s: float = 1800.0, launcher: Launcher = torchrun_launcher,
-            log: Callable[[str], None] = print, poll_s: float = 0.2, grace_s: float = 10.0) -> list[RunResult]:
+            log: Callable[[str], None] = print, poll_s: float = 0.2, grace_s: float = 10.0,
+            processes: int | None = None) -> list[RunResult]:
     """Run every spec (reusing finished ones), ``jobs`` at a time; results in spec order.
+    ``processes``: run each on at most this many processes (``--processes``; RunSpec.processes).
 
     Ctrl-C (or any exception) kills every running child's process tree and re-raises.
     """
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
+    if processes is not None:
+        if processes < 1:
+            raise ValueError(f"processes must be >= 1, got {processes}")
+        specs = [dataclasses.replace(s, processes=min(processes, s.nproc)) for s in specs]
     t0 = time.monotonic()
     n = len(specs)
     results: list[RunResult | None] = [None] * n

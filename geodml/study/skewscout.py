@@ -449,6 +449,7 @@ def main(argv: list[str] | None = None, *, launcher: Launcher = torchrun_launche
     print(f"skewscout study (Quagmire Figure 8): {len(runs)} runs on {args.dataset}, K={args.nproc}, budget "
           f"{budget.name}, seeds {','.join(map(str, args.seeds))}, into {args.out}", flush=True)
     results = run_all([r.spec for r in runs], jobs=args.jobs, timeout_s=args.run_timeout, launcher=launcher,
+                      processes=args.processes,
                       log=lambda m: print(m, flush=True))
     report = build_report(args, budget, runs, results)
     out = Path(args.out)

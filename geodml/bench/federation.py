@@ -1,0 +1,211 @@
+"""Many partitions per process against a plain loop: ``python -m geodml.bench federation [--quick]``.
+
+For each configuration, side by side in one invocation:
+
+* **geodml**: ``torchrun --nproc_per_node=R -m geodml --partitions P ...`` (``--wan off``, no
+  evaluation inside the run). Partition-steps per second = the partitions that compute in a step
+  (FedAvg: the m = floor(C*P) sampled clients; Gaia, DGC: all P) x steps / seconds, timed from
+  partition 0's metrics.jsonl between log lines (the first window, the warm-up, excluded; so
+  start-up and the final evaluation are not in it).
+* **plain loop** (the floor): the same network on the same data, trained with no framework in this
+  process: for FedAvg, per round the m sampled clients one after another (load the global weights,
+  Iter_Local momentum-SGD steps on minibatches of the client's partition, add the weighted
+  result), then the average; for Gaia and DGC, P models each taking one momentum-SGD step per step,
+  one after another, with no communication at all. Partition-steps per second the same way.
+* **memory**: each process's peak RSS (the partitions' startup.json reports), summed over the R
+  processes, minus R times the fixed cost of one process (the peak RSS of the same run with P = R),
+  against the partitions' own state: P x (weights + momentum) in float32.
+
+Ratios: geodml / plain loop (target >= 0.9) and (peak - fixed) / own state (target <= 2). The
+machine is shared and has 2 cores: quote ratios, and the load average printed with them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from geodml.bench.common import bench_env, format_table, torchrun_cmd
+
+BATCH = 20
+ITER_LOCAL = 20
+FRACTION = 0.1
+TIMEOUT_S = 3600
+
+
+@dataclass(frozen=True)
+class Config:
+    algo: str
+    partitions: int
+    processes: int
+    extra: tuple[str, ...] = ()
+
+    @property
+    def computing(self) -> int:
+        """Partitions that compute in a step."""
+        return max(1, math.floor(FRACTION * self.partitions + 1e-9)) if self.algo == "fedavg" else self.partitions
+
+    def flags(self) -> tuple[str, ...]:
+        if self.algo == "fedavg":
+            return ("--algo", "fedavg", "--iter-local", str(ITER_LOCAL), "--client-fraction", str(FRACTION), *self.extra)
+        if self.algo == "gaia":
+            return ("--algo", "gaia", "--t0", "0.1", *self.extra)
+        return ("--algo", self.algo, *self.extra)
+
+
+def _dataset() -> str:
+    from geodml.data.datasets import check_dataset_available
+    try:
+        check_dataset_available("fashion-mnist", None)
+        return "fashion-mnist"
+    except ValueError:
+        return "digits"
+
+
+def run_geodml(cfg: Config, steps: int, workdir: Path, dataset: str, model: str,
+               timed: bool = True) -> tuple[float, int]:
+    """(partition-steps per second, summed peak RSS of the processes in bytes) of one run
+    (``timed=False``: the rate is nan, for the fixed-cost runs)."""
+    out = workdir / f"{cfg.algo}-p{cfg.partitions}-r{cfg.processes}-{time.monotonic_ns()}"
+    log_every = ITER_LOCAL if cfg.algo == "fedavg" else 10
+    cmd = torchrun_cmd(cfg.processes, "-m", "geodml", *cfg.flags(), "--partitions", str(cfg.partitions),
+                       "--dataset", dataset, "--partition", "iid", "--model", model, "--batch-size", str(BATCH),
+                       "--wan", "off", "--no-progress", "--eval-every", str(10**9), "--log-every", str(log_every),
+                       "--steps", str(steps), "--out", str(out))
+    r = subprocess.run(cmd, env=bench_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                       timeout=TIMEOUT_S)
+    if r.returncode != 0:
+        raise RuntimeError(f"geodml {cfg} failed (exit {r.returncode}):\n{r.stderr[-3000:]}")
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    lines = [x for x in lines if "train_loss" in x and "wall_s" in x]
+    if timed and len(lines) < 3:
+        raise RuntimeError(f"{cfg}: {len(lines)} log lines; give more steps")
+    rate = float("nan")
+    if timed:
+        first, last = lines[1], lines[-1]
+        rate = cfg.computing * (last["step"] - first["step"]) / (last["wall_s"] - first["wall_s"])
+    from geodml.comm.crossproc import process_of
+    owner = process_of(cfg.partitions, cfg.processes)
+    peak = [0] * cfg.processes
+    for p in range(cfg.partitions):
+        rep = json.loads((out / f"rank{p}" / "startup.json").read_text())
+        peak[owner[p]] = max(peak[owner[p]], int(rep["peak_rss_bytes"]))
+    return rate, sum(peak)
+
+
+def plain_loop(cfg: Config, steps: int, dataset: str, model_name: str) -> float:
+    """Partition-steps per second of the floor (module docstring), in this process, one thread."""
+    from geodml.data.datasets import load_dataset
+    from geodml.models import build_model
+    torch.set_num_threads(1)
+    ds = load_dataset(dataset, None, seed=0)
+    x_all, y_all = ds.train_x, ds.train_y
+    parts = np.array_split(np.random.default_rng(0).permutation(len(y_all)), cfg.partitions)
+    model = build_model(model_name, "none", ds.input_shape, ds.num_classes, generator_seed=0)
+    params = list(model.parameters())
+    flat = torch.nn.utils.parameters_to_vector(params).detach()
+    momentum = [torch.zeros_like(p) for p in params]
+    loss_fn = torch.nn.CrossEntropyLoss()
+    rng = np.random.default_rng(1)
+    lr, mom = 0.01, 0.9
+
+    def sgd_step(idx: np.ndarray) -> None:
+        xb, yb = x_all[idx], y_all[idx]
+        for p in params:
+            p.grad = None
+        loss_fn(model(xb), yb).backward()
+        with torch.no_grad():
+            for p, u in zip(params, momentum):
+                assert p.grad is not None
+                u.mul_(mom).add_(p.grad, alpha=-lr)
+                p.add_(u)
+
+    def batch(k: int) -> np.ndarray:
+        return rng.choice(parts[k], BATCH, replace=len(parts[k]) < BATCH)
+
+    done = 0
+    t0 = time.perf_counter()
+    if cfg.algo == "fedavg":
+        rounds = max(1, steps // ITER_LOCAL)
+        acc = torch.empty_like(flat)
+        for _ in range(rounds):
+            acc.zero_()
+            for k in rng.choice(cfg.partitions, cfg.computing, replace=False):
+                torch.nn.utils.vector_to_parameters(flat, params)
+                for u in momentum:
+                    u.zero_()
+                for _ in range(ITER_LOCAL):
+                    sgd_step(batch(k))
+                acc.add_(torch.nn.utils.parameters_to_vector(params).detach())
+                done += ITER_LOCAL
+            flat = acc / cfg.computing
+    else:
+        states = [flat.clone() for _ in range(cfg.partitions)]
+        for _ in range(steps):
+            for k in range(cfg.partitions):
+                torch.nn.utils.vector_to_parameters(states[k], params)
+                sgd_step(batch(k))
+                states[k] = torch.nn.utils.parameters_to_vector(params).detach()
+                done += 1
+    return done / (time.perf_counter() - t0)
+
+
+def own_state_bytes(model_name: str, dataset: str) -> int:
+    """One partition's own state: weights + momentum, float32."""
+    from geodml.data.datasets import load_dataset
+    from geodml.models import build_model, count_parameters
+    ds = load_dataset(dataset, None, seed=0)
+    return 2 * 4 * count_parameters(build_model(model_name, "none", ds.input_shape, ds.num_classes, generator_seed=0))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m geodml.bench federation", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="P = 16 and 100 only, R = 1 and 2, 60 steps")
+    p.add_argument("--ps", default="16,100,1000", help="FedAvg partition counts (10000 adds --reset-momentum)")
+    p.add_argument("--rs", default="1,2", help="process counts")
+    p.add_argument("--steps", type=int, default=0, help="steps per run (default 100; quick 60)")
+    p.add_argument("--model", default="lenet")
+    p.add_argument("--no-gaia-dgc", action="store_true", help="skip Gaia and DGC at P = 100")
+    a = p.parse_args(argv)
+    ps = [16, 100] if a.quick else [int(x) for x in a.ps.split(",") if x]
+    rs = [int(x) for x in a.rs.split(",") if x]
+    steps = a.steps or (60 if a.quick else 100)
+    if steps < 3 * ITER_LOCAL:
+        raise ValueError(f"--steps must be >= {3 * ITER_LOCAL} (three FedAvg rounds, one of them warm-up)")
+    dataset = _dataset()
+    configs = [Config("fedavg", P, R, ("--reset-momentum",) if P >= 10000 else ()) for P in ps for R in rs if R <= P]
+    if not a.no_gaia_dgc:
+        configs += [Config(algo, 100, R) for algo in ("gaia", "dgc") for R in rs]
+    own = own_state_bytes(a.model, dataset)
+    rows = []
+    fixed: dict[int, int] = {}
+    with tempfile.TemporaryDirectory(prefix="geodml-bench-") as tmp:
+        for R in rs:  # the fixed cost of a process: the same run with one partition per process
+            fixed[R] = run_geodml(Config("fedavg", R, R), steps, Path(tmp), dataset, a.model, timed=False)[1]
+        for cfg in configs:
+            load = os.getloadavg()[0]
+            rate, peak = run_geodml(cfg, steps, Path(tmp), dataset, a.model)
+            floor = plain_loop(cfg, steps, dataset, a.model)
+            state = cfg.partitions * own
+            rows.append([cfg.algo + (" reset" if cfg.extra else ""), cfg.partitions, cfg.processes, rate, floor,
+                         rate / floor, peak / 2**20, fixed[cfg.processes] / 2**20, state / 2**20,
+                         (peak - fixed[cfg.processes]) / state, load])
+            print(format_table(["algo", "P", "R", "geodml ps/s", "loop ps/s", "x loop", "peak MiB", "fixed MiB",
+                                "own MiB", "x own", "load"], rows[-1:]), flush=True)
+    print()
+    print(format_table(["algo", "P", "R", "geodml ps/s", "loop ps/s", "x loop", "peak MiB", "fixed MiB", "own MiB",
+                        "x own", "load"], rows,
+                       title=f"federation: {a.model} on {dataset}, batch {BATCH}, FedAvg Iter_Local {ITER_LOCAL} client "
+                             f"fraction {FRACTION}, {steps} steps, --wan off; ps/s = partition-steps per second; "
+                             "targets: x loop >= 0.9, x own <= 2"))
+    return 0
