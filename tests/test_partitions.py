@@ -104,3 +104,46 @@ def test_eval_cache_evaluates_each_distinct_model_once(monkeypatch):
         b.bias[0] += 1.0
     cache.evaluate(b, x, y)
     assert len(calls) == 3
+
+
+@pytest.mark.integration
+def test_hosted_partitions_sigkill_restart_and_resume_equal_one_uninterrupted_process(tmp_path, monkeypatch):
+    """P = 6 on R = 2: SIGKILL the process hosting partition 4 after step 23 (checkpoints every 10)
+    under torchrun --max-restarts 1. The restarted processes restore every hosted partition's state
+    from step 20 and finish bit-identical to an uninterrupted run of the 6 partitions in one process."""
+    from tests.support.procs import run_torchrun
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    argv = [*BASE, *ALGOS["gaia-skewscout"], "--checkpoint-every", "10", "--peer-timeout-s", "10"]
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    assert main([*argv, "--out", str(full)]) == 0
+    r = run_torchrun(2, [*argv, "--out", str(cut)], timeout_s=300, extra_torchrun=["--max-restarts", "1"],
+                     env={"GEODML_FAULT": "rank=4,step=23,how=kill"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "GEODML_FAULT: rank 4 dies after step 23" in r.stderr and "resumed from step 20" in r.stdout
+    for f in ["model.pt", *(f"rank{k}/model.pt" for k in range(6))]:
+        a, b = torch.load(full / f), torch.load(cut / f)
+        assert all(torch.equal(a[n], b[n]) for n in a), f
+    sa, sb = _load(full), _load(cut)
+    for key in SAME:
+        assert sa.get(key) == sb.get(key), key
+
+
+@pytest.mark.integration
+def test_a_lost_process_of_hosted_partitions_stops_the_run(tmp_path, monkeypatch):
+    """P = 6 on R = 3: the process hosting partitions 2-3 (process 1) dies after partition 3's step 5;
+    the run ends at once (torchrun stops the other processes; without torchrun's agent the peer watch
+    does, as for one partition per process: tests/test_peer_failure.py), not after the 200 steps or a
+    timeout, and the failure names process 1."""
+    import time
+    from tests.support.procs import run_torchrun
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    argv = [*BASE, "--algo", "bsp", "--steps", "200", "--peer-timeout-s", "5", "--out", str(tmp_path / "run")]
+    t0 = time.monotonic()
+    r = run_torchrun(3, argv, timeout_s=120, env={"GEODML_FAULT": "rank=3,step=5,how=kill"})
+    assert r.returncode != 0 and time.monotonic() - t0 < 60
+    assert "GEODML_FAULT: rank 3 dies after step 5" in r.stderr
+    root = r.stderr[r.stderr.index("Root Cause"):]
+    assert "rank      : 1 (local_rank: 1)" in root and "SIGKILL" in root, r.stderr[-3000:]
+    assert not (tmp_path / "run" / "summary.json").exists()
