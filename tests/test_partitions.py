@@ -136,6 +136,7 @@ def test_a_lost_process_of_hosted_partitions_stops_the_run(tmp_path, monkeypatch
     does, as for one partition per process: tests/test_peer_failure.py), not after the 200 steps or a
     timeout, and the failure names process 1."""
     import time
+
     from tests.support.procs import run_torchrun
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(var, raising=False)

@@ -24,7 +24,6 @@ A study (the Oracle baseline of §7.3, later the whole-paper study runner) is a 
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import math
 import os
