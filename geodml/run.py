@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -29,7 +30,9 @@ from geodml.parts import Parts, Preflight, Startup, build_parts
 from geodml.runtime import Env
 
 if TYPE_CHECKING:
+    from geodml.comm.api import RunComm
     from geodml.data.datasets import Dataset
+    from geodml.trainer import EvalCache
 
 
 class InputError(ValueError):
@@ -164,40 +167,56 @@ def _peer_watch(cfg: RunConfig, env: Env) -> Iterator[None]:
     watch.stop(done=True)
 
 
-def run(cfg: RunConfig, env: Env, pre: Preflight | None = None) -> dict | None:
-    """Train this process's partitions; returns the summary on rank 0 (None elsewhere)."""
+@contextmanager
+def _joined(cfg: RunConfig, env: Env, backend: str, device: str) -> Iterator[tuple[torch.device, Path]]:
+    """This process in the job for the body: every rank joined (or a StartupError naming the
+    missing), the process group, seeds and the run directory, then the peer watch; torn down in
+    reverse. Yields this rank's device and the run directory."""
     from geodml.peerwatch import fault_point
     from geodml.runtime import agree_on_out_dir, destroy_process_group, init_process_group, rendezvous, seed_everything
 
+    with ExitStack() as stack:
+        stack.callback(destroy_process_group)
+        fault_point("startup", env.rank)
+        store = rendezvous(env, cfg.comm.timeout_s)
+        dev = init_process_group(env, backend, cfg.comm.timeout_s, device, store=store)
+        seed_everything(cfg.seed, env.rank)
+        out = agree_on_out_dir(env, cfg.out, cfg.algo.algo)
+        # The watch starts once the process group exists: started before it, 16 ranks on 2 cores
+        # showed a heartbeat silent for 30 s during the group's set-up (a false "rank 0 lost").
+        with _peer_watch(cfg, env):
+            yield dev, out
+            fault_point("finished", env.rank, out)
+
+
+def _train(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: torch.device, startup: Startup,
+           wall_t0: float, comm: RunComm | None = None, eval_cache: EvalCache | None = None) -> dict | None:
+    """Build one partition's parts, train, finish (closes what it opened); the summary on rank 0."""
+    with ExitStack() as stack:
+        try:
+            parts = build_parts(cfg, env, pre, out=out, device=device, stack=stack, startup=startup, comm=comm,
+                                eval_cache=eval_cache)
+        except ValueError as exc:  # set-up reads only inputs: a ValueError here is a bad input, not a bug
+            raise InputError(str(exc)) from None
+        startup.lap("model_s")
+        startup.done()
+        result = parts.trainer.run()
+        parts.sink.close()
+        return _finish(cfg, env, parts, result, wall_t0=wall_t0, startup=startup)
+
+
+def run(cfg: RunConfig, env: Env, pre: Preflight | None = None) -> dict | None:
+    """Train this process's partitions; returns the summary on rank 0 (None elsewhere)."""
     pre = pre or preflight(cfg, env)
     if len(pre.partitions) > env.world_size:  # (a flag-only preflight has none: it never runs)
         return _run_hosted(cfg, env, pre)
     wall_t0 = time.monotonic()
     startup = Startup()  # per-rank start-up breakdown -> rank<k>/startup.json (docs/launch.md)
     torch.set_num_threads(cfg.threads)
-    with ExitStack() as stack:
-        stack.callback(destroy_process_group)
-        fault_point("startup", env.rank)
-        store = rendezvous(env, cfg.comm.timeout_s)  # every rank joined, or StartupError naming the missing
-        device = init_process_group(env, pre.backend, cfg.comm.timeout_s, cfg.device, store=store)
-        seed_everything(cfg.seed, env.rank)
-        out = agree_on_out_dir(env, cfg.out, cfg.algo.algo)
-        # The watch starts once the process group exists: started before it, 16 ranks on 2 cores
-        # showed a heartbeat silent for 30 s during the group's set-up (a false "rank 0 lost").
-        with _peer_watch(cfg, env):
-            startup.lap("process_group_s")
-            try:
-                parts = build_parts(cfg, env, pre, out=out, device=device, stack=stack, startup=startup)
-            except ValueError as exc:  # set-up reads only inputs: a ValueError here is a bad input, not a bug
-                raise InputError(str(exc)) from None
-            startup.lap("model_s")
-            startup.done()
-            result = parts.trainer.run()
-            parts.sink.close()
-            summary = _finish(cfg, env, parts, result, wall_t0=wall_t0, startup=startup)
-            fault_point("finished", env.rank, out)
-            return summary
-    return None  # not reached: the with block returns or raises
+    with _joined(cfg, env, pre.backend, cfg.device) as (device, out):
+        startup.lap("process_group_s")
+        summary = _train(cfg, env, pre, out=out, device=device, startup=startup, wall_t0=wall_t0)
+    return summary
 
 
 def _run_hosted(cfg: RunConfig, env: Env, pre: Preflight) -> dict | None:
@@ -208,8 +227,6 @@ def _run_hosted(cfg: RunConfig, env: Env, pre: Preflight) -> dict | None:
     "rank p" of the run; partition 0 (in process 0) writes the run directory."""
     from geodml.comm import build_hosted_group
     from geodml.comm.crossproc import blocks
-    from geodml.peerwatch import fault_point
-    from geodml.runtime import agree_on_out_dir, destroy_process_group, init_process_group, rendezvous, seed_everything
     from geodml.trainer import EvalCache
 
     torch.set_num_threads(cfg.threads)
@@ -219,51 +236,37 @@ def _run_hosted(cfg: RunConfig, env: Env, pre: Preflight) -> dict | None:
     wall_t0 = time.monotonic()
     summaries: dict[int, dict | None] = {}
     errors: list[BaseException] = []
-    with ExitStack() as stack:
-        stack.callback(destroy_process_group)
-        fault_point("startup", env.rank)
-        store = rendezvous(env, cfg.comm.timeout_s)
-        # Hosted partitions train on the CPU: a gloo group, whatever the host has.
-        init_process_group(env, "gloo", cfg.comm.timeout_s, "cpu", store=store)
-        seed_everything(cfg.seed, env.rank)
-        out = agree_on_out_dir(env, cfg.out, cfg.algo.algo)
-        with _peer_watch(cfg, env):
-            # The hosted partitions share this process's cores, so a wait on a peer may last as long
-            # as the others' work in turn: the bound on any wait (--comm-timeout) is scaled by the
-            # block's size.
-            group = build_hosted_group(dataclasses.replace(cfg.comm, timeout_s=cfg.comm.timeout_s * len(block)),
-                                       partitions=P, process=env.rank, processes=R, topology=pre.topology)
-            stack.callback(group.close)
-            eval_cache = EvalCache()  # partitions holding the same model are evaluated once
+    # Hosted partitions train on the CPU: a gloo group, whatever the host has.
+    with _joined(cfg, env, "gloo", "cpu") as (device, out):
+        # The hosted partitions share this process's cores, so a wait on a peer may last as long as
+        # the others' work in turn: the bound on any wait (--comm-timeout) is scaled by the block's size.
+        group = build_hosted_group(dataclasses.replace(cfg.comm, timeout_s=cfg.comm.timeout_s * len(block)),
+                                   partitions=P, process=env.rank, processes=R, topology=pre.topology)
+        eval_cache = EvalCache()  # partitions holding the same model are evaluated once
 
-            def partition(p: int) -> None:
-                penv = Env(rank=p, world_size=P, local_rank=p - block.start, local_world_size=len(block),
-                           under_torchrun=False)
-                startup = Startup()
-                try:
-                    with ExitStack() as own:
-                        parts = build_parts(cfg, penv, pre, out=out, device=torch.device("cpu"), stack=own,
-                                            startup=startup, comm=group.comm(p), eval_cache=eval_cache)
-                        startup.lap("model_s")
-                        startup.done()
-                        result = parts.trainer.run()
-                        parts.sink.close()
-                        summaries[p] = _finish(cfg, penv, parts, result, wall_t0=wall_t0, startup=startup)
-                except BaseException as exc:  # noqa: BLE001 -- re-raised in the main thread
-                    errors.append(exc)
-                    group.abort(f"partition {p} failed: {type(exc).__name__}: {exc}")
+        def partition(p: int) -> None:
+            penv = Env(rank=p, world_size=P, local_rank=p - block.start, local_world_size=len(block),
+                       under_torchrun=False)
+            try:
+                summaries[p] = _train(cfg, penv, pre, out=out, device=device, startup=Startup(), wall_t0=wall_t0,
+                                      comm=group.comm(p), eval_cache=eval_cache)
+            except BaseException as exc:  # noqa: BLE001 -- re-raised in the main thread
+                errors.append(exc)
+                group.abort(f"partition {p} failed: {type(exc).__name__}: {exc}")
 
+        try:
             threads = [threading.Thread(target=partition, args=(p,), name=f"geodml-partition-{p}") for p in block]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
-            if errors:
-                first = next((e for e in errors if not isinstance(e, CommError)), errors[0])
-                if isinstance(first, ValueError):
-                    raise InputError(str(first)) from None
-                raise first
-            fault_point("finished", env.rank, out)
+        finally:
+            group.close()
+        if errors:
+            first = next((e for e in errors if not isinstance(e, CommError)), errors[0])
+            if isinstance(first, ValueError):
+                raise InputError(str(first)) from None
+            raise first
     return summaries.get(0)
 
 

@@ -72,6 +72,8 @@ class RunTiming:
     total_s: float
     """Seconds from launch to torchrun's exit."""
     steps_per_epoch: int
+    out: Path | None = None
+    """The run directory (inside ``workdir``; gone with it)."""
 
 
 def run_geodml(k: int, algo: str, steps: int, workdir: Path, *, model: str, dataset: str = "cifar10",
@@ -113,7 +115,7 @@ def run_geodml(k: int, algo: str, steps: int, workdir: Path, *, model: str, data
     spe = int(round(last["step"] / last["epoch"])) if last["epoch"] else 0
     return RunTiming(step_s=(last["wall_s"] - first["wall_s"]) / (last["step"] - first["step"]),
                      first_log_s=first_log if first_log == first_log else total, total_s=total,
-                     steps_per_epoch=spe)
+                     steps_per_epoch=spe, out=out)
 
 
 def format_table(headers: list[str], rows: list[list], *, title: str | None = None) -> str:

@@ -26,7 +26,6 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
@@ -35,12 +34,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from geodml.bench.common import bench_env, format_table, torchrun_cmd
+from geodml.bench.common import format_table, run_geodml
 
 BATCH = 20
 ITER_LOCAL = 20
 FRACTION = 0.1
-TIMEOUT_S = 3600
 
 
 @dataclass(frozen=True)
@@ -56,11 +54,12 @@ class Config:
         return max(1, math.floor(FRACTION * self.partitions + 1e-9)) if self.algo == "fedavg" else self.partitions
 
     def flags(self) -> tuple[str, ...]:
+        """The algorithm's flags beside ``--algo``."""
         if self.algo == "fedavg":
-            return ("--algo", "fedavg", "--iter-local", str(ITER_LOCAL), "--client-fraction", str(FRACTION), *self.extra)
+            return ("--iter-local", str(ITER_LOCAL), "--client-fraction", str(FRACTION), *self.extra)
         if self.algo == "gaia":
-            return ("--algo", "gaia", "--t0", "0.1", *self.extra)
-        return ("--algo", self.algo, *self.extra)
+            return ("--t0", "0.1", *self.extra)
+        return self.extra
 
 
 def _dataset() -> str:
@@ -72,35 +71,22 @@ def _dataset() -> str:
         return "digits"
 
 
-def run_geodml(cfg: Config, steps: int, workdir: Path, dataset: str, model: str,
-               timed: bool = True) -> tuple[float, int]:
-    """(partition-steps per second, summed peak RSS of the processes in bytes) of one run
-    (``timed=False``: the rate is nan, for the fixed-cost runs)."""
-    out = workdir / f"{cfg.algo}-p{cfg.partitions}-r{cfg.processes}-{time.monotonic_ns()}"
-    log_every = ITER_LOCAL if cfg.algo == "fedavg" else 10
-    cmd = torchrun_cmd(cfg.processes, "-m", "geodml", *cfg.flags(), "--partitions", str(cfg.partitions),
-                       "--dataset", dataset, "--partition", "iid", "--model", model, "--batch-size", str(BATCH),
-                       "--wan", "off", "--no-progress", "--eval-every", str(10**9), "--log-every", str(log_every),
-                       "--steps", str(steps), "--out", str(out))
-    r = subprocess.run(cmd, env=bench_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                       timeout=TIMEOUT_S)
-    if r.returncode != 0:
-        raise RuntimeError(f"geodml {cfg} failed (exit {r.returncode}):\n{r.stderr[-3000:]}")
-    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    lines = [x for x in lines if "train_loss" in x and "wall_s" in x]
-    if timed and len(lines) < 3:
-        raise RuntimeError(f"{cfg}: {len(lines)} log lines; give more steps")
-    rate = float("nan")
-    if timed:
-        first, last = lines[1], lines[-1]
-        rate = cfg.computing * (last["step"] - first["step"]) / (last["wall_s"] - first["wall_s"])
+def measure(cfg: Config, steps: int, workdir: Path, dataset: str, model: str) -> tuple[float, int]:
+    """(partition-steps per second, summed peak RSS of the processes in bytes) of one run."""
     from geodml.comm.crossproc import process_of
+    log_every = ITER_LOCAL if cfg.algo == "fedavg" else 10
+    # one window more: run_geodml times the windows between log lines, and the last line, which
+    # carries the final evaluation, is not one of them
+    t = run_geodml(cfg.processes, cfg.algo, steps + log_every, workdir, model=model, dataset=dataset,
+                   batch_size=BATCH, log_every=log_every,
+                   extra=(*cfg.flags(), "--partitions", str(cfg.partitions)))
+    assert t.out is not None
     owner = process_of(cfg.partitions, cfg.processes)
     peak = [0] * cfg.processes
-    for p in range(cfg.partitions):
-        rep = json.loads((out / f"rank{p}" / "startup.json").read_text())
+    for p in range(cfg.partitions):  # each partition reports its process's peak RSS when it finishes
+        rep = json.loads((t.out / f"rank{p}" / "startup.json").read_text())
         peak[owner[p]] = max(peak[owner[p]], int(rep["peak_rss_bytes"]))
-    return rate, sum(peak)
+    return cfg.computing / t.step_s, sum(peak)
 
 
 def plain_loop(cfg: Config, steps: int, dataset: str, model_name: str) -> float:
@@ -191,10 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     fixed: dict[int, int] = {}
     with tempfile.TemporaryDirectory(prefix="geodml-bench-") as tmp:
         for R in rs:  # the fixed cost of a process: the same run with one partition per process
-            fixed[R] = run_geodml(Config("fedavg", R, R), steps, Path(tmp), dataset, a.model, timed=False)[1]
+            fixed[R] = measure(Config("fedavg", R, R), steps, Path(tmp), dataset, a.model)[1]
         for cfg in configs:
             load = os.getloadavg()[0]
-            rate, peak = run_geodml(cfg, steps, Path(tmp), dataset, a.model)
+            rate, peak = measure(cfg, steps, Path(tmp), dataset, a.model)
             floor = plain_loop(cfg, steps, dataset, a.model)
             state = cfg.partitions * own
             rows.append([cfg.algo + (" reset" if cfg.extra else ""), cfg.partitions, cfg.processes, rate, floor,

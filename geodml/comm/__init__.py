@@ -57,6 +57,20 @@ def share_wire_secret(rank: int) -> bytes:
     return secret
 
 
+def _peer_transport(cfg: CommConfig, *, rank: int, world_size: int, names: list[str]) -> PeerTransport:
+    """This process's ZeroMQ transport among ``world_size`` processes (collective: binds, exchanges
+    addresses through the default store, shares the wire secret); ``names`` describe the peers."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise RuntimeError("the Comm needs the default torch.distributed process group; initialise it first")
+    return PeerTransport(rank=rank, world_size=world_size, store=dist.distributed_c10d._get_default_store(),
+                         bind_host=cfg.bind_host, timeout_s=cfg.timeout_s, region_of_rank=names,
+                         paced=cfg.wan == "real", wire_auth=cfg.wire_auth,
+                         max_message_bytes=int(cfg.max_message_mb * 1024 * 1024),
+                         secret=share_wire_secret(rank) if cfg.wire_auth == "on" else None)
+
+
 def build_comm(cfg: CommConfig, *, rank: int, world_size: int, device: torch.device | str | None = None,
                topology: Topology | None = None) -> DistComm:
     """The DistComm of this rank, on every rank (collective: all ranks must call it, in the same order).
@@ -71,20 +85,10 @@ def build_comm(cfg: CommConfig, *, rank: int, world_size: int, device: torch.dev
     through it. Close it with :meth:`DistComm.close` (idempotent) before the process group is
     destroyed.
     """
-    import torch.distributed as dist
-
     if topology is None:
         topology = load_topology(cfg.topology)
     regions = topology.placement(world_size)
-    transport = None
-    if world_size > 1:
-        if not dist.is_initialized():
-            raise RuntimeError("build_comm needs the default torch.distributed process group; initialise it first")
-        store = dist.distributed_c10d._get_default_store()
-        transport = PeerTransport(rank=rank, world_size=world_size, store=store, bind_host=cfg.bind_host,
-                                  timeout_s=cfg.timeout_s, region_of_rank=regions, paced=cfg.wan == "real",
-                                  wire_auth=cfg.wire_auth, max_message_bytes=int(cfg.max_message_mb * 1024 * 1024),
-                                  secret=share_wire_secret(rank) if cfg.wire_auth == "on" else None)
+    transport = _peer_transport(cfg, rank=rank, world_size=world_size, names=regions) if world_size > 1 else None
     try:
         return DistComm(rank=rank, world_size=world_size, region_of_rank=regions, topology=topology, wan=cfg.wan,
                         wan_scale=cfg.wan_scale, transport=transport, timeout_s=cfg.timeout_s, device=device)
@@ -101,21 +105,13 @@ def build_hosted_group(cfg: CommConfig, *, partitions: int, process: int, proces
     process this is collective over the default process group (every process calls it): it binds
     the process's ZeroMQ socket and exchanges addresses as :func:`build_comm` does, with ranks =
     processes. Close the group (it closes the transport) before the process group is destroyed."""
-    import torch.distributed as dist
-
     from geodml.comm.crossproc import CrossProcess, blocks
 
     cross = None
     if processes > 1:
-        if not dist.is_initialized():
-            raise RuntimeError("build_hosted_group needs the default torch.distributed process group; initialise it first")
         names = [f"partitions {b.start}-{b.stop - 1}" for b in blocks(partitions, processes)]
-        transport = PeerTransport(rank=process, world_size=processes, store=dist.distributed_c10d._get_default_store(),
-                                  bind_host=cfg.bind_host, timeout_s=cfg.timeout_s, region_of_rank=names,
-                                  paced=cfg.wan == "real", wire_auth=cfg.wire_auth,
-                                  max_message_bytes=int(cfg.max_message_mb * 1024 * 1024),
-                                  secret=share_wire_secret(process) if cfg.wire_auth == "on" else None)
-        cross = CrossProcess(process=process, processes=processes, partitions=partitions, transport=transport)
+        cross = CrossProcess(process=process, processes=processes, partitions=partitions,
+                             transport=_peer_transport(cfg, rank=process, world_size=processes, names=names))
     try:
         return InProcessGroup.from_config(cfg, partitions, topology=topology, cross=cross)
     except BaseException:

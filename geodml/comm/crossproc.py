@@ -73,13 +73,11 @@ class CrossProcess:
     when the dispatcher fails. Call :meth:`start` once the group exists, :meth:`close` once.
     """
 
-    def __init__(self, *, process: int, processes: int, partitions: int, transport: PeerTransport | None,
-                 device: torch.device | str = "cpu") -> None:
+    def __init__(self, *, process: int, processes: int, partitions: int, transport: PeerTransport | None) -> None:
         self.process, self.processes, self.partitions = process, processes, partitions
         self.blocks = blocks(partitions, processes)
         self.owner = process_of(partitions, processes)
         self.hosted = self.blocks[process]
-        self.device = torch.device(device)
         self._transport = transport
         self._send_lock = threading.Lock()
         self._stop = threading.Event()
@@ -88,34 +86,34 @@ class CrossProcess:
         self._fail: Callable[[CommError], None] | None = None
 
     # ---- collectives (called by the group's last-arriving partition, under the group's lock) ----
+    # Hosted partitions train on the CPU and the processes' group is gloo: tensors go as they are.
     def all_reduce_(self, tensor: torch.Tensor) -> None:
         """In place: the sum over processes (every process gets the same bytes)."""
         import torch.distributed as dist
-        self._staged(tensor, dist.all_reduce)
+        dist.all_reduce(tensor)
 
     def max_(self, value: float) -> float:
         import torch.distributed as dist
-        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        t = torch.tensor([value], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t.item())
 
     def broadcast_(self, tensor: torch.Tensor, src_partition: int) -> None:
         """In place: the tensor of the process hosting ``src_partition``, on every process."""
         import torch.distributed as dist
-        owner = self.owner[src_partition]
-        self._staged(tensor, lambda t: dist.broadcast(t, owner))
+        dist.broadcast(tensor, self.owner[src_partition])
 
     def all_gather_blocks(self, local: list[torch.Tensor]) -> list[torch.Tensor]:
         """Every partition's tensor in partition order, given this process's block's (equal shapes)."""
         import torch.distributed as dist
         width = max(len(b) for b in self.blocks)
         like = local[0]
-        stacked = torch.zeros((width, *like.shape), dtype=like.dtype, device=self.device)
+        stacked = torch.zeros((width, *like.shape), dtype=like.dtype, device=like.device)
         for i, t in enumerate(local):
             stacked[i].copy_(t)
         out = [torch.empty_like(stacked) for _ in range(self.processes)]
         dist.all_gather(out, stacked)
-        return [out[r][i].to(like.device) for r, b in enumerate(self.blocks) for i in range(len(b))]
+        return [out[r][i] for r, b in enumerate(self.blocks) for i in range(len(b))]
 
     def all_gather_objects(self, local: list[Any]) -> list[Any]:
         """Every partition's object in partition order, given this process's block's."""
@@ -124,14 +122,6 @@ class CrossProcess:
         dist.all_gather_object(per_process, local)
         return [o for block in per_process for o in block]
 
-    def _staged(self, tensor: torch.Tensor, op: Callable[[torch.Tensor], object]) -> None:
-        if tensor.device == self.device:
-            op(tensor)
-            return
-        buf = tensor.to(self.device)
-        op(buf)
-        tensor.copy_(buf)
-
     # ---- messages ----------------------------------------------------------------------------
     def send(self, src: int, out: Outgoing, targets: Sequence[Target]) -> None:
         """Send partition ``src``'s message ``out`` to partitions of other processes: one message
@@ -139,8 +129,7 @@ class CrossProcess:
         transport = self._need_transport()
         by_process: dict[tuple[int, float | None], list[tuple[int, float]]] = {}
         for dst, arrival_s, release_at in targets:
-            key = (self.owner[dst], release_at) if release_at is not None else (self.owner[dst], None)
-            by_process.setdefault(key, []).append((dst, arrival_s))
+            by_process.setdefault((self.owner[dst], release_at), []).append((dst, arrival_s))
         with self._send_lock:
             for (proc, release_at), dsts in by_process.items():
                 route = np.empty(1 + 2 * len(dsts), dtype=np.float64)

@@ -166,20 +166,15 @@ class InProcessGroup:
         buffer. Floating sums accumulate in float64 and round once (geodml.comm.crossproc,
         Exactness), so they do not depend on how partitions are grouped into processes."""
         buf = self._buffer(values[0])
-        if values[0].is_floating_point() and values[0].dtype != torch.float64:
-            acc = self._buffer(values[0], torch.float64)
-            acc.copy_(values[0])
-            for v in values[1:]:
-                acc.add_(v)
-            if self.cross is not None:
-                self.cross.all_reduce_(acc)
-            buf.copy_(acc)
-            return buf
-        buf.copy_(values[0])
+        widen = values[0].is_floating_point() and values[0].dtype != torch.float64
+        acc = self._buffer(values[0], torch.float64) if widen else buf
+        acc.copy_(values[0])
         for v in values[1:]:
-            buf.add_(v)
+            acc.add_(v)
         if self.cross is not None:
-            self.cross.all_reduce_(buf)
+            self.cross.all_reduce_(acc)
+        if acc is not buf:
+            buf.copy_(acc)
         return buf
 
     def _pick(self, values: list[torch.Tensor], src: int) -> torch.Tensor:

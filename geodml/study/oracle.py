@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from geodml.config import DATASETS, KNOB_ALGOS, PARTITIONS, DataConfig
-from geodml.study.runner import Launcher, RunResult, RunSpec, run_all, torchrun_launcher, validate_spec
+from geodml.study.runner import Launcher, RunResult, RunSpec, finite_floats, run_all, torchrun_launcher, validate_spec
 
 THETA_FLAGS = {"t0": "--t0", "iter_local": "--iter-local", "e_warm": "--e-warm"}
 ALGO_LABEL = {"gaia": "Gaia", "fedavg": "FedAvg", "dgc": "DGC"}
@@ -167,16 +167,6 @@ def plan(args: argparse.Namespace, theta_name: str, grid: tuple[float, ...], alg
 
 # ---- arguments and validation ----------------------------------------------------------------
 
-def _float_list(text: str) -> tuple[float, ...]:
-    try:
-        values = tuple(float(x) for x in text.replace(" ", "").split(",") if x)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers like 0.05,0.5, got {text!r}") from None
-    if not values or not all(math.isfinite(v) for v in values):
-        raise argparse.ArgumentTypeError(f"expected one or more finite numbers, got {text!r}")
-    return values
-
-
 def build_parser() -> argparse.ArgumentParser:
     data = DataConfig()
     p = argparse.ArgumentParser(
@@ -195,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--processes", type=int, help="processes per run R (default: one per partition); each hosts a "
                    "block of the --nproc partitions; results do not depend on R, so finished runs are reused")
     p.add_argument("--tolerance", type=float, default=0.01, help="accepted accuracy below BSP-IID's (absolute)")
-    p.add_argument("--grid", type=_float_list,
+    p.add_argument("--grid", type=finite_floats,
                    help="restrict the knob's grid, e.g. 0.05,0.5 (default: the algorithm's whole grid)")
     p.add_argument("--with-skewscout", action="store_true", help="also run the algorithm with --skewscout from the grid's middle")
     p.add_argument("--out", help="study directory (default runs/oracle-ALGO-DATASET-SETTING-kNPROC)")

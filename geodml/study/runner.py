@@ -23,6 +23,7 @@ A study (the Oracle baseline of §7.3, later the whole-paper study runner) is a 
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
@@ -45,6 +46,18 @@ LAUNCH_FILE = "launch.json"
 SUMMARY_FILE = rundir.SUMMARY
 STDOUT_FILE = "stdout.txt"
 STDERR_FILE = "stderr.txt"
+
+
+def finite_floats(text: str) -> tuple[float, ...]:
+    """argparse type of the studies' number-list flags (``--grid 0.05,0.5``): one or more finite numbers."""
+    from geodml.config import parse_floats
+    try:
+        values = parse_floats(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as 0.05,0.5, got {text!r}") from None
+    if not values or not all(math.isfinite(v) for v in values):
+        raise argparse.ArgumentTypeError(f"expected one or more finite numbers, got {text!r}")
+    return values
 
 
 @dataclass(frozen=True)

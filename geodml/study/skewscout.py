@@ -61,7 +61,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from geodml.study import paper
-from geodml.study.runner import Launcher, RunResult, RunSpec, run_all, torchrun_launcher
+from geodml.study.runner import Launcher, RunResult, RunSpec, finite_floats, run_all, torchrun_launcher
 
 PAPER_DECISIONS = 128
 """The paper's decisions per run: 64,000 steps (128 epochs, batch 20, K=5) / one every 500 minibatches."""
@@ -102,16 +102,6 @@ class Fig8Run:
 
 # ---- arguments ---------------------------------------------------------------------------------
 
-def _floats(text: str) -> tuple[float, ...]:
-    try:
-        values = tuple(float(x) for x in text.replace(" ", "").split(",") if x)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not values or not all(math.isfinite(v) for v in values):
-        raise argparse.ArgumentTypeError(f"expected one or more finite numbers, got {text!r}")
-    return values
-
-
 def _seeds(text: str) -> tuple[int, ...]:
     try:
         seeds = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
@@ -126,11 +116,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """This study's flags, beside paper.build_parser's common ones."""
     p.set_defaults(model="lenet")  # the paper's network (the common parser's default is cnn)
     p.add_argument("--seeds", type=_seeds, help="seeds, every run once per seed (default: full 0,1,2; quick 0)")
-    p.add_argument("--levels", type=_floats, help="non-IID fractions (default: full 0.2,0.4,0.6,0.8,1; quick 0.2,1)")
+    p.add_argument("--levels", type=finite_floats, help="non-IID fractions (default: full 0.2,0.4,0.6,0.8,1; quick 0.2,1)")
     p.add_argument("--norm", choices=("group", "none"), default="group",
                    help="LeNet's normalization: group = GN-LeNet (Figure 6's network for the skew levels), none = LeNet")
     p.add_argument("--tolerance", type=float, default=0.01, help="accepted accuracy below BSP-IID's mean (absolute)")
-    p.add_argument("--grid", type=_floats, help="replace the knob grid (one algorithm in --algos; the paper's units); "
+    p.add_argument("--grid", type=finite_floats, help="replace the knob grid (one algorithm in --algos; the paper's units); "
                    "default: the paper's Tables 6-8 grid, extended (see geodml/study/skewscout.py)")
     p.add_argument("--travel-decisions", type=int, help=f"SkewScout decisions per run (default {PAPER_DECISIONS}, "
                    "the paper's 64,000 steps / 500)")

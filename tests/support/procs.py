@@ -47,25 +47,25 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
 def stop_gracefully(procs: list[subprocess.Popen], grace_s: float = 10.0) -> None:
     """SIGTERM every still-running process group, wait up to ``grace_s`` for them to exit (servers
     flush, runs finish their teardown), then SIGKILL what is left."""
-    for p in procs:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+    _signal_groups(procs, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and any(p.poll() is None for p in procs):
         time.sleep(0.1)
     _kill(procs)
 
 
-def _kill(procs: list[subprocess.Popen]) -> None:
+def _signal_groups(procs: list[subprocess.Popen], sig: signal.Signals) -> None:
+    """``sig`` to the process group of every process still running."""
     for p in procs:
         if p.poll() is None:
             try:
-                os.killpg(p.pid, signal.SIGKILL)
+                os.killpg(p.pid, sig)
             except ProcessLookupError:
                 pass
+
+
+def _kill(procs: list[subprocess.Popen]) -> None:
+    _signal_groups(procs, signal.SIGKILL)
     for p in procs:
         try:
             p.wait(timeout=10)
