@@ -75,8 +75,12 @@ def test_ledger_and_clock_state_round_trip():
     other.load_state_dict(led.state_dict())
     assert other.rows() == [{"src_region": "a", "dst_region": "b", "kind": "update", "bytes": 1000, "messages": 2,
                              "emulated_s": 0.5}]
+    with pytest.raises(ValueError, match="rank 0 in region a, this run in b; resume with the same --topology"):
+        Ledger(0, ["b", "a"]).load_state_dict(led.state_dict())
+    old = {"region_of_rank": ["a", "b"], "rows": led.rows()}      # the form before 2026-11-23: the whole placement
+    Ledger(0, ["a", "b"]).load_state_dict(old)
     with pytest.raises(ValueError, match="same --topology"):
-        Ledger(0, ["a", "a"]).load_state_dict(led.state_dict())
+        Ledger(0, ["a", "a"]).load_state_dict(old)
     link = WanLink(bandwidth_mbps=8.0, latency_ms=10.0)           # 1 MB/s
     c = EmulatedClock([None, link])
     c.advance(1.0)
@@ -84,6 +88,11 @@ def test_ledger_and_clock_state_round_trip():
     d = EmulatedClock([None, link])
     d.load_state_dict(c.state_dict())
     assert d.now_s == 1.0 and d.send(1, 500_000) == pytest.approx(2.01)   # FIFO: behind the first message
+    e = EmulatedClock([None, link])                               # the list form before 2026-11-23
+    e.load_state_dict({"now_s": 1.0, "buckets": [None, c.state_dict()["buckets"][1]]})
+    assert e.send(1, 500_000) == pytest.approx(2.01)
+    with pytest.raises(ValueError, match="3 links, this run 2"):
+        e.load_state_dict({"now_s": 1.0, "buckets": [None, None, None]})
 
 
 # ---- threaded runs: stop, resume, compare --------------------------------------------------

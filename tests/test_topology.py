@@ -12,6 +12,7 @@ from geodml.comm.topology import (
     WanLink,
     default_topology,
     load_topology,
+    rank_links,
     shipped_topologies,
     topology_from_dict,
 )
@@ -99,6 +100,21 @@ def test_default_topology_one_region_per_rank():
     assert t.link("dc7", "dc7") == DEFAULT_LAN
     with pytest.raises(TopologyError, match="unknown region 'us'"):
         t.link("dc0", "us")
+
+
+def test_rank_links_by_region_and_lazily():
+    t = load_topology("ibm-cloud")
+    regions = t.placement(12)                                     # cyclic: ranks 10, 11 in dallas, toronto
+    links = rank_links(t, regions)
+    assert len(links) == 12 and len(links[3]) == 12
+    assert links[0][10] == t.link("dallas", "dallas") == t.lan    # two ranks in one region: its LAN
+    assert links[2][0] == t.link(regions[2], "dallas") and links[5][5] is None
+    assert len(links._pairs) == 2                                 # only the pairs asked for are looked up
+    # 10,000 partitions in the default topology's one region each: no ranks^2 table is built
+    big = rank_links(default_topology(), default_topology().placement(10_000))
+    assert big[9_999][0] == WanLink(100, 50) and len(big._pairs) == 1
+    with pytest.raises(IndexError):
+        big[10_000]
 
 
 def test_path_and_bare_name(tmp_path):

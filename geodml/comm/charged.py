@@ -43,7 +43,7 @@ from geodml.comm.collectives import (
 )
 from geodml.comm.ledger import KINDS, Ledger
 from geodml.comm.pacing import LinkPacing, Target
-from geodml.comm.topology import Topology, WanLink, rank_links
+from geodml.comm.topology import NoLinks, RankLinks, Topology, WanLink, rank_links
 from geodml.comm.wire import Incoming, Outgoing, as_array
 from geodml.config import WAN_MODES
 
@@ -64,7 +64,7 @@ class ChargedComm(ABC):
 
     def __init__(self, *, rank: int, world_size: int, region_of_rank: Sequence[str],
                  topology: Topology | None = None, wan: str = "off", wan_scale: float = 1.0,
-                 links: list[list[WanLink | None]] | None = None,
+                 links: RankLinks | None = None,
                  timeout_s: float = 60.0) -> None:
         assert wan in WAN_MODES, wan  # validated by geodml.config.CommConfig
         if wan != "off" and topology is None:
@@ -73,7 +73,8 @@ class ChargedComm(ABC):
             raise ValueError(f"region_of_rank has {len(region_of_rank)} entries for world size {world_size}")
         self.rank = rank
         self.world_size = world_size
-        self.region_of_rank = list(region_of_rank)
+        # shared, not copied: the ranks of an in-process group hold one list (O(P), not O(P^2))
+        self.region_of_rank = region_of_rank if isinstance(region_of_rank, list) else list(region_of_rank)
         self.wan = wan
         self.wan_scale = float(wan_scale)
         self.timeout_s = float(timeout_s)
@@ -82,8 +83,8 @@ class ChargedComm(ABC):
         self._timed = wan in ("virtual", "real")
         if links is None and self.topology is not None:
             links = rank_links(self.topology, self.region_of_rank)
-        self._links = links  # [src][dst]; shared by the ranks of an in-process group (P x P, built once)
-        self._pacing = LinkPacing(wan, self._links[rank] if self._links is not None else [None] * world_size)
+        self._links = links  # [src][dst]; shared by the ranks of an in-process group (built once, by region)
+        self._pacing = LinkPacing(wan, self._links[rank] if self._links is not None else NoLinks(world_size))
         self._closed = False
 
     # ---- model -----------------------------------------------------------------------------

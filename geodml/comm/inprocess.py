@@ -42,7 +42,7 @@ from geodml.comm.api import CommError, CommTimeoutError
 from geodml.comm.charged import ChargedComm
 from geodml.comm.crossproc import CrossProcess
 from geodml.comm.pacing import Pacer, Target
-from geodml.comm.topology import Topology, WanLink, load_topology, rank_links
+from geodml.comm.topology import RankLinks, Topology, load_topology, rank_links
 from geodml.comm.wire import DEFAULT_MAX_MESSAGE_BYTES, Incoming, Outgoing, describe
 
 if TYPE_CHECKING:
@@ -286,7 +286,7 @@ class InProcessComm(ChargedComm):
     one thread that drives every rank in turn: sends never wait for the receiver)."""
 
     def __init__(self, group: InProcessGroup, rank: int, *, topology: Topology, wan: str, wan_scale: float,
-                 max_message_bytes: int, links: list[list[WanLink | None]] | None = None) -> None:
+                 max_message_bytes: int, links: RankLinks | None = None) -> None:
         super().__init__(rank=rank, world_size=group.world_size, region_of_rank=group.region_of_rank,
                          topology=topology, wan=wan, wan_scale=wan_scale, timeout_s=group.timeout_s, links=links)
         self._group = group

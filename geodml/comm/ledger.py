@@ -31,7 +31,7 @@ class Ledger:
 
     def __init__(self, rank: int, region_of_rank: list[str]) -> None:
         self.rank = rank
-        self.region_of_rank = list(region_of_rank)
+        self.region_of_rank = region_of_rank if isinstance(region_of_rank, list) else list(region_of_rank)  # shared
         self.links: dict[tuple[str, str, str], LinkTotals] = defaultdict(LinkTotals)
 
     def charge(self, dst_rank: int, kind: str, num_bytes: int, *, messages: int = 1, emulated_s: float = 0.0) -> None:
@@ -47,12 +47,19 @@ class Ledger:
     # ---- checkpoint ----------------------------------------------------------------------
     def state_dict(self) -> dict:
         """This rank's totals so far (a resumed run continues them: nothing lost, nothing counted twice)."""
-        return {"region_of_rank": list(self.region_of_rank), "rows": self.rows()}
+        return {"region": self.region_of_rank[self.rank], "rows": self.rows()}
 
     def load_state_dict(self, state: dict) -> None:
-        if list(state["region_of_rank"]) != self.region_of_rank:
-            raise ValueError(f"checkpoint ledger places ranks in regions {state['region_of_rank']}, this run in "
-                             f"{self.region_of_rank}; resume with the same --topology")
+        """(The whole placement is the checkpoint fingerprint's business: it holds --topology and
+        the number of partitions; checkpoints before 2026-11-23 stored it here, per rank.)"""
+        if "region_of_rank" in state:
+            saved = list(state["region_of_rank"])
+            if saved != list(self.region_of_rank):
+                raise ValueError(f"checkpoint ledger places ranks in regions {saved}, this run in "
+                                 f"{self.region_of_rank}; resume with the same --topology")
+        elif state["region"] != self.region_of_rank[self.rank]:
+            raise ValueError(f"checkpoint ledger places rank {self.rank} in region {state['region']}, this run in "
+                             f"{self.region_of_rank[self.rank]}; resume with the same --topology")
         self.links.clear()
         for r in state["rows"]:
             self.links[(r["src_region"], r["dst_region"], r["kind"])] = LinkTotals(

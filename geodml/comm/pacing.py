@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from geodml.comm.topology import WanLink
+from geodml.comm.topology import LinksOut
 from geodml.config import WAN_MODES
 
 Target = tuple[int, float, "float | None"]
@@ -74,21 +74,28 @@ class TokenBucket:
 
 
 class EmulatedClock:
-    """One rank's emulated time and the FIFO state of its outgoing links (module docstring)."""
+    """One rank's emulated time and the FIFO state of its outgoing links (module docstring).
 
-    def __init__(self, links_out: Sequence[WanLink | None]) -> None:
+    A link's FIFO exists once the rank has sent on it (memory grows with the peers it talks
+    to, not with the run's ranks: a FedAvg client of 10,000 talks to a handful)."""
+
+    def __init__(self, links_out: LinksOut) -> None:
         self.now_s = 0.0
-        self._latency_s = [lk.latency_s if lk is not None else 0.0 for lk in links_out]
-        self._buckets = [TokenBucket(lk.bytes_per_s) if lk is not None else None for lk in links_out]
+        self._links = links_out
+        self._buckets: dict[int, TokenBucket] = {}
 
     def advance(self, seconds: float) -> None:
         self.now_s += seconds
 
     def send(self, dst: int, num_bytes: int) -> float:
         """Emulated arrival time at ``dst`` of a message sent now; the clock does not move."""
-        bucket = self._buckets[dst]
-        assert bucket is not None, "no link to self"
-        return bucket.reserve(num_bytes, self.now_s) + self._latency_s[dst]
+        bucket = self._buckets.get(dst)
+        link = self._links[dst]
+        if bucket is None:
+            assert link is not None, "no link to self"
+            bucket = self._buckets[dst] = TokenBucket(link.bytes_per_s)
+        assert link is not None
+        return bucket.reserve(num_bytes, self.now_s) + link.latency_s
 
     def receive(self, arrival_s: float) -> None:
         self.now_s = max(self.now_s, arrival_s)
@@ -98,17 +105,24 @@ class EmulatedClock:
         self.now_s = max(self.now_s, start_s) + duration_s
 
     def state_dict(self) -> dict:
-        """Emulated time and each outgoing link's FIFO state (for checkpoints)."""
-        return {"now_s": self.now_s,
-                "buckets": [None if b is None else (b._level, b._t) for b in self._buckets]}
+        """Emulated time and the FIFO state of each outgoing link used so far (for checkpoints)."""
+        return {"now_s": self.now_s, "buckets": {d: (b._level, b._t) for d, b in sorted(self._buckets.items())}}
 
     def load_state_dict(self, state: dict) -> None:
-        if len(state["buckets"]) != len(self._buckets):
-            raise ValueError(f"checkpoint clock has {len(state['buckets'])} links, this run {len(self._buckets)}")
+        saved = state["buckets"]
+        if isinstance(saved, list):  # checkpoints before 2026-11-23: one entry per rank, None for unused links
+            if len(saved) != len(self._links):
+                raise ValueError(f"checkpoint clock has {len(saved)} links, this run {len(self._links)}")
+            saved = {d: v for d, v in enumerate(saved) if v is not None}
         self.now_s = float(state["now_s"])
-        for b, saved in zip(self._buckets, state["buckets"]):
-            if b is not None and saved is not None:
-                b._level, b._t = float(saved[0]), None if saved[1] is None else float(saved[1])
+        self._buckets.clear()
+        for d, (level, t) in saved.items():
+            d = int(d)
+            link = self._links[d] if 0 <= d < len(self._links) else None
+            if link is None:
+                raise ValueError(f"checkpoint clock has a link to rank {d}, which this run has not")
+            b = self._buckets[d] = TokenBucket(link.bytes_per_s)
+            b._level, b._t = float(level), None if t is None else float(t)
 
 
 class Pacer:
@@ -211,15 +225,14 @@ class LinkPacing:
     topology, which only ``--wan off`` allows). Used from the rank's own thread.
     """
 
-    def __init__(self, wan: str, links_out: Sequence[WanLink | None]) -> None:
+    def __init__(self, wan: str, links_out: LinksOut) -> None:
         assert wan in WAN_MODES, wan  # validated by geodml.config.CommConfig
         self.wan = wan
         self.timed = wan != "off"
         """Whether the link model moves the clock (``virtual`` and ``real``)."""
         self.clock = EmulatedClock(links_out)
-        self._links = list(links_out)
-        self._wall = ([TokenBucket(lk.bytes_per_s) if lk is not None else None for lk in self._links]
-                      if wan == "real" else None)
+        self._links = links_out
+        self._wall: dict[int, TokenBucket] | None = {} if wan == "real" else None  # wall FIFOs, per link used
 
     @property
     def now_s(self) -> float:
@@ -246,8 +259,9 @@ class LinkPacing:
             assert link is not None, "no link to self"
             release_at = None
             if self._wall is not None:
-                bucket = self._wall[d]
-                assert bucket is not None
+                bucket = self._wall.get(d)
+                if bucket is None:
+                    bucket = self._wall[d] = TokenBucket(link.bytes_per_s)
                 release_at = bucket.reserve(nbytes, wall_now) + link.latency_s
             targets.append((d, self.clock.send(d, nbytes), release_at))
             link_s.append(link.transfer_s(nbytes))

@@ -59,6 +59,7 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Protocol
 
 import geodml
 
@@ -230,15 +231,80 @@ def load_topology(name_or_path: str | None) -> Topology:
 
 
 
-def rank_links(topology: Topology, region_of_rank: Sequence[str]) -> list[list[WanLink | None]]:
+class LinksOut(Protocol):
+    """The links out of one rank: ``row[d]`` is the link to rank d, None for the rank itself (or
+    for every rank when there is no topology); ``len(row)`` is the number of ranks."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, dst: int) -> WanLink | None: ...
+
+
+class RankLinks:
+    """``links[s][d]``: the link from rank s to rank d under a topology (None on the diagonal),
+    looked up by the ranks' regions when first asked for and kept: memory grows with the pairs
+    of regions that talk, not with ranks^2 (10,000 partitions in the default topology's one
+    region each would be 10^8 pairs)."""
+
+    __slots__ = ("_topology", "_names", "_region_index", "_pairs")
+
+    def __init__(self, topology: Topology, region_of_rank: Sequence[str]) -> None:
+        self._topology = topology
+        self._names = sorted(set(region_of_rank))
+        index = {name: i for i, name in enumerate(self._names)}
+        self._region_index = [index[r] for r in region_of_rank]
+        self._pairs: dict[tuple[int, int], WanLink] = {}
+
+    def __len__(self) -> int:
+        return len(self._region_index)
+
+    def __getitem__(self, src: int) -> LinkRow:
+        if not 0 <= src < len(self._region_index):
+            raise IndexError(f"rank {src} out of range for {len(self._region_index)} ranks")
+        return LinkRow(self, src)
+
+    def between(self, src: int, dst: int) -> WanLink:
+        """The link from rank ``src`` to another rank ``dst``."""
+        key = (self._region_index[src], self._region_index[dst])
+        link = self._pairs.get(key)
+        if link is None:
+            link = self._pairs[key] = self._topology.link(self._names[key[0]], self._names[key[1]])
+        return link
+
+
+class LinkRow:
+    """The links out of one rank, ``row[d]`` (None for the rank itself); a view of :class:`RankLinks`."""
+
+    __slots__ = ("_links", "_src")
+
+    def __init__(self, links: RankLinks, src: int) -> None:
+        self._links, self._src = links, src
+
+    def __len__(self) -> int:
+        return len(self._links)
+
+    def __getitem__(self, dst: int) -> WanLink | None:
+        return None if dst == self._src else self._links.between(self._src, dst)
+
+
+class NoLinks:
+    """The links out of a rank of a run without a topology (``--wan off``): none, ``row[d]`` is None."""
+
+    __slots__ = ("_n",)
+
+    def __init__(self, world_size: int) -> None:
+        self._n = world_size
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, dst: int) -> WanLink | None:
+        return None
+
+
+def rank_links(topology: Topology, region_of_rank: Sequence[str]) -> RankLinks:
     """``links[s][d]``: the link from rank s to rank d under ``topology`` (None on the diagonal)."""
-    k = len(region_of_rank)
-    pair: dict[tuple[str, str], WanLink] = {}  # one lookup per pair of regions, not per pair of ranks
-    for a in set(region_of_rank):
-        for b in set(region_of_rank):
-            pair[(a, b)] = topology.link(a, b)
-    return [[pair[(region_of_rank[s], region_of_rank[d])] if s != d else None for d in range(k)]
-            for s in range(k)]
+    return RankLinks(topology, region_of_rank)
 
 
 _TOP_KEYS = {"name", "source", "description", "regions", "lan", "default", "links", "placement"}
