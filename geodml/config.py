@@ -455,6 +455,9 @@ class RunConfig:
     partitions: int | None = opt(None, metavar="P", help="data partitions; with one process, P partitions run as P "
                                  "threads of it (in-process messages, charged exactly as sent; docs/launch.md)",
                                  default_text="the number of processes")
+    engine: str = opt("auto", choices=("auto", "threads", "pool"), help="how a process runs its partitions: threads "
+                      "(every algorithm), pool (the FedAvg family: clients as state on one worker model, for 100s to "
+                      "10,000s of clients; geodml/pool.py); auto: pool where it applies and P > processes, else threads")
 
     def __post_init__(self) -> None:
         _check(isinstance(self.seed, int) and self.seed >= 0,

@@ -142,6 +142,26 @@ def _rank0_sinks(cfg: RunConfig, out: Path, total_steps: int) -> Sink:
     return MultiSink(sinks)
 
 
+def write_run_header(cfg: RunConfig, pre: Preflight, out: Path, *, comm: RunComm, world: int, device: torch.device,
+                     model: torch.nn.Module, spe: int, total_steps: int, report: dict, engine: str | None = None) -> None:
+    """config.json and partitions.json, and the run's opening lines on the console (rank 0)."""
+    from geodml.data.partition import format_partition_table
+    from geodml.models import count_parameters
+
+    config_doc = {"version": __version__, "world_size": world, "backend": pre.backend, "device": str(device),
+                  "config": cfg.to_dict(), "region_of_rank": comm.region_of_rank,
+                  "parameters": count_parameters(model), "steps_per_epoch": spe, "total_steps": total_steps,
+                  "topology": comm.topology.to_dict() if comm.topology is not None else None}
+    if engine is not None:
+        config_doc["engine"] = engine
+    rundir.write_header(out, config_doc=config_doc, partitions=report)
+    print(f"geodml {__version__}: {cfg.algo.algo} on {cfg.data.dataset}, K={world} partitions "
+          f"({cfg.data.partition}), {cfg.model.model}/{cfg.model.norm} with {count_parameters(model):,} "
+          f"parameters, {total_steps} steps ({spe}/epoch), backend {pre.backend} on {device}, wan {cfg.comm.wan}"
+          + (f", {engine} engine" if engine else ""))
+    print(format_partition_table(report), flush=True)
+
+
 def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: torch.device, stack: ExitStack,
                 startup: Startup, comm: RunComm | None = None, eval_cache: EvalCache | None = None) -> Parts:
     """Build every part of this rank's run (collective: every rank calls it in the same order).
@@ -150,9 +170,9 @@ def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: 
     from geodml.algorithms import AlgoContext, FlatParams, build_algorithm
     from geodml.checkpoint import Checkpointer, find_resume_step, fingerprint, resume_requested, truncate_metrics
     from geodml.comm import build_comm
-    from geodml.data.partition import format_partition_table, partition_report
+    from geodml.data.partition import partition_report
     from geodml.metrics.sinks import MultiSink, Sink
-    from geodml.models import build_from_config, count_parameters
+    from geodml.models import build_from_config
     from geodml.peerwatch import fault_hook_from_env
     from geodml.runtime import collective_device
     from geodml.trainer import Schedule, TrainData, Trainer, steps_per_epoch
@@ -189,15 +209,8 @@ def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: 
     sink: Sink = Sink()
     if is0:
         rundir.rank_dir(out, rank).mkdir(parents=True, exist_ok=True)
-        config_doc = {"version": __version__, "world_size": world, "backend": pre.backend, "device": str(device),
-                      "config": cfg.to_dict(), "region_of_rank": comm.region_of_rank,
-                      "parameters": count_parameters(model), "steps_per_epoch": spe, "total_steps": total_steps,
-                      "topology": comm.topology.to_dict() if comm.topology is not None else None}
-        rundir.write_header(out, config_doc=config_doc, partitions=report)
-        print(f"geodml {__version__}: {cfg.algo.algo} on {cfg.data.dataset}, K={world} partitions "
-              f"({cfg.data.partition}), {cfg.model.model}/{cfg.model.norm} with {count_parameters(model):,} "
-              f"parameters, {total_steps} steps ({spe}/epoch), backend {pre.backend} on {device}, wan {cfg.comm.wan}")
-        print(format_partition_table(report), flush=True)
+        write_run_header(cfg, pre, out, comm=comm, world=world, device=device, model=model, spe=spe,
+                         total_steps=total_steps, report=report)
         sink = _rank0_sinks(cfg, out, total_steps)
     stack.callback(sink.close)
     rundir.rank_dir(out, rank).mkdir(parents=True, exist_ok=True)

@@ -84,6 +84,11 @@ def check_partitions(cfg: RunConfig, env: Env) -> int:
     if partitions < env.world_size:
         raise ValueError(f"--partitions {partitions} is fewer than the {env.world_size} processes; every process "
                          "hosts at least one partition: use --partitions >= the number of processes")
+    if cfg.engine == "pool":
+        from geodml.pool import pool_refusal
+        why = pool_refusal(cfg)
+        if why is not None:
+            raise ValueError(f"--engine pool does not run {why}; use --engine threads (or auto)")
     if partitions > env.world_size and cfg.device == "cuda":
         raise ValueError(f"--device cuda with --partitions {partitions} over {env.world_size} process(es) is not "
                          "supported yet: hosted partitions train on the CPU; use --device cpu (or auto), or one "
@@ -93,6 +98,14 @@ def check_partitions(cfg: RunConfig, env: Env) -> int:
                          "supported yet (one exporter per process, labelled by partition, is still to come); leave "
                          "--metrics-port 0")
     return partitions
+
+
+def engine(cfg: RunConfig, partitions: int, processes: int) -> str:
+    """The engine that runs the partitions: ``--engine``; auto: pool when P > R and it applies."""
+    if cfg.engine != "auto":
+        return cfg.engine
+    from geodml.pool import pool_refusal
+    return "pool" if partitions > processes and pool_refusal(cfg) is None else "threads"
 
 
 def _check_metrics_ports(base: int, host: str, local_world_size: int) -> None:
@@ -208,6 +221,9 @@ def _train(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: torch
 def run(cfg: RunConfig, env: Env, pre: Preflight | None = None) -> dict | None:
     """Train this process's partitions; returns the summary on rank 0 (None elsewhere)."""
     pre = pre or preflight(cfg, env)
+    if engine(cfg, len(pre.partitions), env.world_size) == "pool":
+        from geodml.pool import run_pool
+        return run_pool(cfg, env, pre)
     if len(pre.partitions) > env.world_size:  # (a flag-only preflight has none: it never runs)
         return _run_hosted(cfg, env, pre)
     wall_t0 = time.monotonic()

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -185,6 +185,43 @@ class Schedule:
     """Seeds this partition's minibatch order (with its rank)."""
 
 
+class Minibatch(Protocol):
+    """What :func:`local_gradient` works with: a model over a flat buffer, the training tensors and
+    preallocated minibatch buffers (a :class:`Trainer`, or geodml.pool's worker)."""
+
+    model: nn.Module
+    flat: FlatParams
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    xb: torch.Tensor
+    yb: torch.Tensor
+    idx: torch.Tensor
+    optim: OptimConfig
+
+
+def local_gradient(mb: Minibatch, indices: np.ndarray,
+                   sample_weights: Callable[[torch.Tensor], torch.Tensor | None]) -> tuple[float, int, float]:
+    """Forward and backward of one minibatch (training-set ``indices``) into ``mb.flat.grad``,
+    L2 weight decay added: returns (loss, correct predictions, compute seconds). The loss is the
+    mean, or mean(w_i * l_i) with ``sample_weights(labels)`` when that is not None."""
+    mb.idx.copy_(torch.from_numpy(indices))
+    torch.index_select(mb.train_x, 0, mb.idx, out=mb.xb)
+    torch.index_select(mb.train_y, 0, mb.idx, out=mb.yb)
+    t0 = time.perf_counter()
+    logits = mb.model(mb.xb)
+    weights = sample_weights(mb.yb)
+    if weights is None:
+        loss = F.cross_entropy(logits, mb.yb)
+    else:
+        loss = (F.cross_entropy(logits, mb.yb, reduction="none") * weights).mean()
+    mb.flat.zero_grad()
+    loss.backward()
+    if mb.optim.weight_decay:
+        mb.flat.grad.add_(mb.flat.data, alpha=mb.optim.weight_decay)
+    compute_s = time.perf_counter() - t0
+    return float(loss.detach()), int((logits.detach().argmax(1) == mb.yb).sum()), compute_s
+
+
 class Trainer:
     """Runs one partition's loop; rank 0 also writes the metrics sinks.
 
@@ -260,26 +297,14 @@ class Trainer:
             self.flat.zero_grad()
             self.algo.step(step, lr)
             return lr
-        self.idx.copy_(torch.from_numpy(work.batch_indices(step, self.sampler)))
-        torch.index_select(self.train_x, 0, self.idx, out=self.xb)
-        torch.index_select(self.train_y, 0, self.idx, out=self.yb)
-        t0 = time.perf_counter()
-        logits = self.model(self.xb)
-        weights = work.sample_weights(self.yb, step)
-        if weights is None:
-            loss = F.cross_entropy(logits, self.yb)
-        else:
-            loss = (F.cross_entropy(logits, self.yb, reduction="none") * weights).mean()
-        self.flat.zero_grad()
-        loss.backward()
-        if self.optim.weight_decay:
-            self.flat.grad.add_(self.flat.data, alpha=self.optim.weight_decay)
-        self.comm.advance_compute(time.perf_counter() - t0)
+        loss, correct, compute_s = local_gradient(self, work.batch_indices(step, self.sampler),
+                                                  lambda labels: work.sample_weights(labels, step))
+        self.comm.advance_compute(compute_s)
         self.algo.step(step, lr)
         s = self.state
-        s.loss_sum += float(loss.detach())
+        s.loss_sum += loss
         s.loss_count += 1
-        s.correct += int((logits.detach().argmax(1) == self.yb).sum())
+        s.correct += correct
         s.seen += len(self.yb)
         return lr
 

@@ -201,15 +201,20 @@ class FedAvg(Algorithm):
             self._synchronize()
 
     # ---- the round -------------------------------------------------------------------------
-    def _begin_round(self) -> None:
-        """Choose round t's participants, bring stale ones up to date, reset momentum if asked."""
+    def plan_round(self) -> list[int]:
+        """Round t's set-up that needs no message: a pending knob value, the round's length and
+        participants; returns the participants that do not hold w_t (sorted)."""
         if self._pending_knob is not None:
             self.apply_knob(self._pending_knob)
             self._pending_knob = None
         self.round_len = self.round_length()
         self.selected = self.select_partitions(self.round)
         self.steps_in_round = 0
-        stale = sorted(set(self.selected) - self.holders)
+        return sorted(set(self.selected) - self.holders)
+
+    def _begin_round(self) -> None:
+        """Choose round t's participants, bring stale ones up to date, reset momentum if asked."""
+        stale = self.plan_round()
         if stale:
             self._download_global(src=min(self.holders), stale=stale)
         if self.is_selected:
@@ -230,12 +235,12 @@ class FedAvg(Algorithm):
         buf = self._download
         tag = 2 * self.round + 1
         if self.ctx.rank == src:
-            _pack(tensors, buf)
+            pack_into(tensors, buf)
             for dst in stale:
                 self.comm.send(dst, "model", [buf], step=tag)
         elif self.ctx.rank in stale:
             copy_array_into(buf, self.comm.recv(src, "model", step=tag)[0])
-            _unpack(buf, tensors)
+            unpack_from(buf, tensors)
             self.download_count += 1
         self.holders = self.holders | frozenset(stale)
 
@@ -250,7 +255,7 @@ class FedAvg(Algorithm):
             copy_array_into(buf, self.comm.recv(leader, "model", step=tag)[0])
             return
         for r in sel[1:]:                                   # rank order: the same sum on every run
-            _add_from(buf, self.comm.recv(r, "model", step=tag)[0])
+            add_array(buf, self.comm.recv(r, "model", step=tag)[0])
         for r in sel[1:]:
             self.comm.send(r, "model", [buf], step=tag)
 
@@ -267,19 +272,24 @@ class FedAvg(Algorithm):
             diag[0] = torch.linalg.vector_norm(delta)
             diag[1] = 1.0
             delta.mul_(p)
-            _pack(self.flat.float_buffers, self.wire[n:])
+            pack_into(self.flat.float_buffers, self.wire[n:])
             self.wire[n:].mul_(p)
             self._average(self.wire, sel)
             self.server_update(delta)                                    # w_{t+1}
             self.flat.data.copy_(self.global_w)
-            _unpack(self.wire[n:], self.flat.float_buffers)
+            unpack_from(self.wire[n:], self.flat.float_buffers)
             diag[2] = torch.linalg.vector_norm(self.global_w) / len(sel)
         self.comm.meta_all_reduce(diag)
-        d = diag.tolist()
+        self.end_round(diag.tolist())
+
+    def end_round(self, diag: list[float]) -> None:
+        """The bookkeeping after round t's average, given the Appendix G sums ``diag`` over the
+        participants (see ``_synchronize``): the delta statistic, the holders of w_{t+1}, t + 1."""
+        d = diag
         self.last_delta = d[0] / d[1] / d[2] if d[2] > 0 else float("nan")
         self._delta_sum += self.last_delta
         self._delta_n += 1
-        self.holders = frozenset(sel)
+        self.holders = frozenset(self.selected)
         self.steps_in_round = 0
         self.syncs += 1
         self.round += 1
@@ -360,21 +370,21 @@ class FedAvg(Algorithm):
         self.on_round_start()
 
 
-def _add_from(buf: torch.Tensor, arr: np.ndarray) -> None:
+def add_array(buf: torch.Tensor, arr: np.ndarray) -> None:
     if buf.device.type == "cpu":
         np.add(buf.numpy(), arr.reshape(-1), out=buf.numpy())
     else:
         buf.add_(torch.from_numpy(np.array(arr).reshape(-1)).to(buf.device))
 
 
-def _pack(tensors: list[torch.Tensor], buf: torch.Tensor) -> None:
+def pack_into(tensors: list[torch.Tensor], buf: torch.Tensor) -> None:
     off = 0
     for t in tensors:
         buf[off:off + t.numel()].copy_(t.reshape(-1))
         off += t.numel()
 
 
-def _unpack(buf: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+def unpack_from(buf: torch.Tensor, tensors: list[torch.Tensor]) -> None:
     off = 0
     for t in tensors:
         t.copy_(buf[off:off + t.numel()].view_as(t))

@@ -115,19 +115,23 @@ class ChargedComm(ABC):
     def all_reduce(self, tensor: torch.Tensor, kind: str, *, average: bool = False) -> None:
         """In-place sum (or mean) over all ranks, charged as a ring all-reduce."""
         self._check_kind(kind)
-        k = self.world_size
-        if k > 1:
-            es = tensor.element_size()
-            sent = ring_allreduce_sent_elements(tensor.numel(), k, self.rank)
-            duration = link_s = 0.0
-            if self._timed:
-                ring = self._ring_links()
-                duration = ring_allreduce_duration_s(tensor.numel(), es, ring)
-                link_s = sum(ring[self.rank].transfer_s(n * es) for n in sent)
-            self.ledger.charge((self.rank + 1) % k, kind, sum(sent) * es, messages=len(sent), emulated_s=link_s)
-            self._collective(lambda: self._reduce(tensor), duration)
+        if self.world_size > 1:
+            self._collective(lambda: self._reduce(tensor), self.charge_all_reduce(tensor, kind))
         if average:
-            tensor.div_(k)
+            tensor.div_(self.world_size)
+
+    def charge_all_reduce(self, tensor: torch.Tensor, kind: str = "model") -> float:
+        """Charge this rank's part of a ring all-reduce of ``tensor`` (K > 1); returns the
+        collective's emulated duration (0 under ``--wan off``)."""
+        k, es = self.world_size, tensor.element_size()
+        sent = ring_allreduce_sent_elements(tensor.numel(), k, self.rank)
+        duration = link_s = 0.0
+        if self._timed:
+            ring = self._ring_links()
+            duration = ring_allreduce_duration_s(tensor.numel(), es, ring)
+            link_s = sum(ring[self.rank].transfer_s(n * es) for n in sent)
+        self.ledger.charge((self.rank + 1) % k, kind, sum(sent) * es, messages=len(sent), emulated_s=link_s)
+        return duration
 
     def broadcast(self, tensor: torch.Tensor, src: int, kind: str) -> None:
         """In place: every rank receives ``src``'s tensor; charged as a star from ``src``."""

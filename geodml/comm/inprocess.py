@@ -119,6 +119,34 @@ class InProcessGroup:
         if self.cross is not None:
             self.cross.close()
 
+    # ---- every hosted rank at once, from one thread (geodml.pool) -----------------------------
+    def all_reduce_hosted(self, tensors: list[torch.Tensor], kind: str) -> torch.Tensor:
+        """``Comm.all_reduce`` as if every hosted rank called it with its tensor (in hosted order):
+        each charged and clocked exactly as its own call (K > 1); returns the sum, in a buffer of
+        the group valid until the next collective."""
+        comms = [self._comms[r] for r in self.hosted]
+        durations = [c.charge_all_reduce(t, kind) for c, t in zip(comms, tensors)]
+        start_s = self.max_hosted([c.emulated_s for c in comms]) if comms[0]._timed else 0.0
+        wall0 = time.monotonic()
+        out = self._sum(tensors)
+        if comms[0]._timed:
+            for c, d in zip(comms, durations):
+                c._pacing.leave_collective(start_s, d, wall0)
+        return out
+
+    def sum_hosted(self, values: list[torch.Tensor]) -> torch.Tensor:
+        """``meta_all_reduce`` of every hosted rank's tensor at once: the sum over all ranks (the
+        same bits as the ranks' own calls); a buffer of the group valid until the next collective."""
+        return self._sum(values)
+
+    def max_hosted(self, values: list[float]) -> float:
+        """The largest of every rank's value (the hosted ones given here)."""
+        return float(self._max(values))
+
+    def gather_hosted_objects(self, values: list[Any]) -> list[Any]:
+        """Every rank's object in rank order (the hosted ones given here, in hosted order)."""
+        return self._objects(values)
+
     # ---- collectives ---------------------------------------------------------------------------
     def _exchange(self, rank: int, tag: Hashable, value: Any, combine: Callable[[list[Any]], Any]) -> Any:
         """Deposit ``value`` and wait for every rank; the last to arrive computes

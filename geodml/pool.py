@@ -1,0 +1,500 @@
+"""Pooled FedAvg clients: a process's partitions as state, not threads (``--engine pool``).
+
+With P > R partitions, the threads engine (geodml.run) gives every hosted partition a thread
+with its own model, optimizer buffers and trainer: general (every algorithm) but its memory and
+set-up grow with P and every partition wakes every step. The FedAvg family needs much less: a
+partition that is not sampled does nothing, and between its rounds it keeps only its momentum
+buffer u^k (Algorithm 2 keeps it across rounds; with ``--reset-momentum`` nothing at all). The
+pool engine runs a process's partitions in one thread on one worker model:
+
+* per round t, the participants this process hosts each get a slot (weights, BatchNorm buffers;
+  u^k from its store, or zeros) holding w_t; step by step, each participant in rank order is
+  loaded into the worker, takes its minibatch (its own sampler), forward, backward, weight
+  decay and the algorithm's hooks (FedProx's proximal term, the momentum-SGD update), and is
+  stored back;
+* at the round's end the participants' weighted deltas are averaged exactly as
+  ``FedAvg._synchronize`` does: through every participant's own Comm (the star of point-to-point
+  messages, or one charged all-reduce when every partition takes part), so the same bytes,
+  messages and link seconds are charged to the same partitions and the same clocks move; the
+  server step (FedAvgM's included) is the algorithm's own ``server_update``;
+* a stale participant's download of the global state is sent and received through the Comms as
+  in the threads engine, and every process keeps the global state itself (an uncharged
+  broadcast from the leader's process after each average), so the received copy is not needed;
+* what a partition that sat out holds (the global model of the round after the last one it took
+  part in, as in the threads engine) is one shared snapshot per such round, freed when no
+  partition holds it; per-partition outputs (summary.json's accuracies, rank<k>/model.pt, hard
+  links to one file per snapshot) come from those.
+
+Everything the run reports -- weights, the ledger, accuracies and losses, metrics.jsonl -- is
+bit-identical to the threads engine's (tests/test_pool.py): the same operations on the same
+values in the same order, the sums over partitions in rank order in float64 (geodml.comm).
+Evaluation mid-round with client sampling averages every partition's current weights, as the
+threads engine does (the snapshots stand in for the partitions that sat out).
+
+Scope: ``--algo fedavg`` with client sampling, FedAvgM, FedProx and ``--reset-momentum``, on the
+CPU, ``--wan off|virtual``. FedIR, IWDS and FedVC (per-partition tables in their algorithm
+objects), SkewScout, checkpoints and ``--wan real`` use the threads engine (``--engine auto``
+picks it; ``--engine pool`` with them is an input error naming the reason).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from geodml import rundir
+from geodml.config import RunConfig
+from geodml.runtime import Env
+
+if TYPE_CHECKING:
+    from geodml.algorithms.fedavg import FedAvg
+    from geodml.comm.inprocess import InProcessComm, InProcessGroup
+    from geodml.parts import Preflight, Startup
+
+
+def pool_refusal(cfg: RunConfig) -> str | None:
+    """Why the pool engine cannot run ``cfg`` (None: it can)."""
+    a = cfg.algo
+    if a.algo != "fedavg":
+        return f"--algo {a.algo} (the pool engine runs the FedAvg family; other algorithms use threads)"
+    if a.fedir or a.iwds is not None or a.virtual_client_size:
+        return "FedIR, IWDS and FedVC keep per-partition tables in their algorithm objects"
+    if cfg.skewscout.enabled:
+        return "--skewscout"
+    if cfg.reliability.checkpoint_every or cfg.reliability.resume:
+        return "checkpoints (--checkpoint-every/--resume)"
+    if cfg.comm.wan == "real":
+        return "--wan real"
+    if cfg.metrics_port:
+        return "--metrics-port"
+    if cfg.model.norm in ("batch", "batchrenorm"):
+        return f"--norm {cfg.model.norm} (per-partition step counters in the normalization layers)"
+    if cfg.device == "cuda":
+        return "--device cuda (the pool engine trains on the CPU)"
+    return None
+
+
+class _Worker:
+    """The one model a process trains its partitions on, with its minibatch buffers
+    (geodml.trainer.Minibatch)."""
+
+    def __init__(self, model: torch.nn.Module, flat, train_x: torch.Tensor, train_y: torch.Tensor, optim) -> None:
+        self.model, self.flat, self.train_x, self.train_y, self.optim = model, flat, train_x, train_y, optim
+        self.xb = torch.empty((optim.batch_size, *train_x.shape[1:]), dtype=train_x.dtype)
+        self.yb = torch.empty(optim.batch_size, dtype=train_y.dtype)
+        self.idx = torch.empty(optim.batch_size, dtype=torch.int64)
+        self.buffers = flat.float_buffers
+        self.nbuf = sum(b.numel() for b in self.buffers)
+
+    def load(self, weights: torch.Tensor, buffers: torch.Tensor) -> None:
+        from geodml.algorithms.fedavg import unpack_from
+        self.flat.data.copy_(weights)
+        if self.nbuf:
+            unpack_from(buffers, self.buffers)
+
+    def store(self, weights: torch.Tensor, buffers: torch.Tensor) -> None:
+        from geodml.algorithms.fedavg import pack_into
+        weights.copy_(self.flat.data)
+        if self.nbuf:
+            pack_into(self.buffers, buffers)
+
+
+class Pool:
+    """One process's block of FedAvg partitions (module docstring). Build, then :meth:`run`."""
+
+    def __init__(self, cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, group: InProcessGroup,
+                 startup: Startup) -> None:
+        from geodml.algorithms import AlgoContext, FlatParams, build_algorithm
+        from geodml.data.partition import partition_report
+        from geodml.models import build_from_config
+        from geodml.parts import write_run_header
+        from geodml.trainer import BatchSampler, steps_per_epoch
+
+        self.cfg, self.out, self.group, self.startup = cfg, out, group, startup
+        self.hosted = group.hosted
+        P = self.P = group.world_size
+        ds = pre.dataset
+        assert ds is not None
+        labels = ds.train_y.numpy()
+        report = partition_report(labels, pre.partitions, ds.num_classes)
+        model = build_from_config(cfg.model, ds.input_shape, ds.num_classes, generator_seed=cfg.seed)
+        flat = FlatParams(model)
+        self.spe = steps_per_epoch(len(labels), P, cfg.optim.batch_size)
+        self.total_steps = cfg.optim.steps or max(1, round(cfg.optim.epochs * self.spe))
+        self.ctx = AlgoContext(rank=self.hosted.start, world_size=P, seed=cfg.seed, steps_per_epoch=self.spe,
+                               total_steps=self.total_steps, batch_size=cfg.optim.batch_size,
+                               label_counts=np.asarray(report["label_counts"], dtype=np.int64))
+        self.algo: FedAvg = build_algorithm(cfg, flat=flat, comm=group.comm(self.hosted.start), ctx=self.ctx)  # type: ignore[assignment]
+        self.w = _Worker(model, flat, ds.train_x, ds.train_y, cfg.optim)
+        self.test_x, self.test_y = ds.test_x, ds.test_y
+        self.samplers = {k: BatchSampler(pre.partitions[k], cfg.optim.batch_size, cfg.seed, k) for k in self.hosted}
+        self.local_indices = {k: pre.partitions[k] for k in self.hosted}
+        n, nb = flat.numel, self.w.nbuf
+        self.n = n
+        self.global_buf = torch.zeros(nb, dtype=flat.data.dtype)           # the global BatchNorm buffers
+        if nb:
+            from geodml.algorithms.fedavg import pack_into
+            pack_into(self.w.buffers, self.global_buf)
+        self.u: dict[int, torch.Tensor] = {}                                 # u^k of partitions that took part
+        # what each hosted partition holds: the global model of round held[k] (a shared snapshot)
+        self.held = {k: 0 for k in self.hosted}
+        self.snapshots: dict[int, torch.Tensor] = {0: torch.cat([flat.data, self.global_buf])}
+        self.refs: dict[int, int] = {0: len(self.hosted)}
+        # per-partition accumulators of the current log interval (the threads engine's TrainState)
+        self.loss_sum = {k: 0.0 for k in self.hosted}
+        self.loss_count = dict.fromkeys(self.hosted, 0)
+        self.correct = dict.fromkeys(self.hosted, 0)
+        self.seen = dict.fromkeys(self.hosted, 0)
+        self.slots = torch.empty(0)       # [participants here, n + nb]: weights and buffers of this round's
+        self.slot_u: list[torch.Tensor] = []
+        self.part: list[int] = []          # this round's hosted participants, in rank order
+        self.sink = None
+        if env.rank == 0:
+            from geodml.parts import _rank0_sinks
+            write_run_header(cfg, pre, out, comm=group.comm(0), world=P, device=torch.device("cpu"), model=model,
+                             spe=self.spe, total_steps=self.total_steps, report=report, engine="pool")
+            self.sink = _rank0_sinks(cfg, out, self.total_steps)
+        else:
+            from geodml.metrics.sinks import Sink
+            self.sink = Sink()
+        self.wall_t0 = time.monotonic()
+
+    # ---- helpers ---------------------------------------------------------------------------
+    def comm(self, k: int) -> InProcessComm:
+        return self.group.comm(k)
+
+    def _hold(self, k: int, round_index: int) -> None:
+        old = self.held[k]
+        self.refs[old] -= 1
+        if self.refs[old] == 0:
+            del self.refs[old], self.snapshots[old]
+        self.held[k] = round_index
+        self.refs[round_index] = self.refs.get(round_index, 0) + 1
+
+    def _global_state(self) -> list[torch.Tensor]:
+        return self.algo.server_state() + ([self.global_buf] if self.w.nbuf else [])
+
+    # ---- the round -------------------------------------------------------------------------
+    def _begin_round(self) -> None:
+        """FedAvg._begin_round for every hosted partition: downloads, the participants' slots."""
+        from geodml.algorithms.fedavg import pack_into
+        algo = self.algo
+        stale = algo.plan_round()
+        if stale:
+            src, tag = min(algo.holders), 2 * algo.round + 1
+            if src in self.hosted:
+                tensors = self._global_state()
+                buf = torch.empty(sum(t.numel() for t in tensors), dtype=self.algo.flat.data.dtype)
+                pack_into(tensors, buf)
+                for dst in stale:
+                    self.comm(src).send(dst, "model", [buf], step=tag)
+            for dst in stale:
+                if dst in self.hosted:  # the content is this process's own global state (module docstring)
+                    self.comm(dst).recv(src, "model", step=tag)
+            algo.holders = algo.holders | frozenset(stale)
+            algo.download_count += int(self.hosted.start == 0 and 0 in stale)
+        self.part = [k for k in algo.selected if k in self.hosted]
+        m, n = len(self.part), self.n
+        if self.slots.shape[0] < m:
+            self.slots = torch.empty((m, n + self.w.nbuf), dtype=algo.flat.data.dtype)
+        self.slot_u = []
+        for i, k in enumerate(self.part):
+            self.slots[i, :n].copy_(algo.global_w)
+            self.slots[i, n:].copy_(self.global_buf)
+            if algo.reset_momentum:
+                u = self._scratch_u(i)
+                u.zero_()
+            else:
+                u = self.u.get(k)
+                if u is None:
+                    u = self.u[k] = torch.zeros(n, dtype=algo.flat.data.dtype)
+            self.slot_u.append(u)
+        algo.on_round_start()
+
+    def _scratch_u(self, i: int) -> torch.Tensor:
+        """Slot i's momentum under --reset-momentum (no partition keeps one between rounds)."""
+        store = self.u  # keys -1, -2, ...: slots, not partitions
+        u = store.get(-1 - i)
+        if u is None:
+            u = store[-1 - i] = torch.zeros(self.n, dtype=self.algo.flat.data.dtype)
+        return u
+
+    def _train_step(self, step: int, lr: float) -> None:
+        from geodml.trainer import local_gradient
+        algo, w, n = self.algo, self.w, self.n
+        for i, k in enumerate(self.part):
+            w.load(self.slots[i, :n], self.slots[i, n:])
+            algo.ctx = dataclasses.replace(self.ctx, rank=k)
+            algo.u = self.slot_u[i]
+            loss, correct, compute_s = local_gradient(w, algo.batch_indices(step, self.samplers[k]),
+                                                      lambda labels: algo.sample_weights(labels, step))
+            self.comm(k).advance_compute(compute_s)
+            algo.before_step(step, lr)
+            algo.local_update(step, lr)
+            w.store(self.slots[i, :n], self.slots[i, n:])
+            self.loss_sum[k] += loss
+            self.loss_count[k] += 1
+            self.correct[k] += correct
+            self.seen[k] += len(w.yb)
+        algo.steps_in_round += 1
+
+    def _synchronize(self) -> None:
+        """FedAvg._synchronize for every hosted partition (module docstring)."""
+        from geodml.algorithms.base import copy_array_into
+        from geodml.algorithms.fedavg import add_array
+        algo, n = self.algo, self.n
+        sel = algo.selected
+        p = algo.averaging_weights(sel)
+        diags = []
+        for i, k in enumerate(self.part):
+            row = self.slots[i]
+            delta = row[:n]
+            torch.sub(algo.global_w, delta, out=delta)                    # w_t - w^k
+            d = torch.zeros(3, dtype=torch.float64)
+            d[0] = torch.linalg.vector_norm(delta)
+            d[1] = 1.0
+            diags.append(d)
+            row.mul_(float(p[sel.index(k)]))                               # delta and buffers, weighted
+        result = None
+        if len(sel) == self.P:
+            result = self.group.all_reduce_hosted([self.slots[i] for i in range(len(self.part))], "model")
+        else:
+            leader, tag = sel[0], 2 * algo.round
+            for i, k in enumerate(self.part):
+                if k != leader:
+                    self.comm(k).send(leader, "model", [self.slots[i]], step=tag)
+            if leader in self.hosted:
+                buf = self.slots[0]                                         # the leader is the first here
+                for r in sel[1:]:
+                    add_array(buf, self.comm(leader).recv(r, "model", step=tag)[0])
+                for r in sel[1:]:
+                    self.comm(leader).send(r, "model", [buf], step=tag)
+                result = buf
+            for i, k in enumerate(self.part):
+                if k != leader:
+                    got = self.comm(k).recv(leader, "model", step=tag)[0]
+                    if result is None:
+                        result = self.slots[i]
+                        copy_array_into(result, got)
+        if result is not None:
+            algo.server_update(result[:n])                                 # w_{t+1}
+            self.global_buf.copy_(result[n:])
+        if self.group.cross is not None and len(sel) < self.P:              # every process keeps the global state
+            state = self._global_state()
+            flat_state = torch.cat([t.reshape(-1) for t in state])
+            self.group.cross.broadcast_(flat_state, sel[0])
+            off = 0
+            for t in state:
+                t.copy_(flat_state[off:off + t.numel()].view_as(t))
+                off += t.numel()
+        norm = torch.linalg.vector_norm(algo.global_w) / len(sel)
+        for d in diags:
+            d[2] = norm
+        total = self.group.sum_hosted(diags or [torch.zeros(3, dtype=torch.float64)])
+        algo.end_round(total.tolist())
+        if self.part:
+            snap = torch.cat([algo.global_w, self.global_buf])
+            r = algo.round
+            self.snapshots[r] = snap
+            for k in self.part:
+                self._hold(k, r)
+        self.part = []
+
+    # ---- metrics -----------------------------------------------------------------------------
+    def _log(self, step: int, lr: float, *, with_eval: bool) -> dict:
+        g = self.group
+        rows = [torch.tensor([self.loss_sum[k], float(self.loss_count[k]), float(self.correct[k]), float(self.seen[k]),
+                              float(self.comm(k).ledger.wan_bytes)], dtype=torch.float64) for k in self.hosted]
+        local = g.sum_hosted(rows).clone()
+        emu = g.max_hosted([float(self.comm(k).emulated_s) for k in self.hosted])
+        rec = {
+            "step": step,
+            "epoch": step / self.spe,
+            "emulated_s": emu,
+            "wall_s": time.monotonic() - self.wall_t0,
+            "train_loss": float(local[0]) / max(float(local[1]), 1.0),
+            "train_accuracy": float(local[2]) / max(float(local[3]), 1.0),
+            "lr": lr,
+            "wan_bytes_total": int(local[4]),
+        }
+        if self.hosted.start == 0:
+            rec.update(self.algo.stats())
+        if with_eval:
+            rec["val_accuracy"], rec["val_loss"] = self._evaluate_global()
+        for k in self.hosted:
+            self.loss_sum[k], self.loss_count[k], self.correct[k], self.seen[k] = 0.0, 0, 0, 0
+        assert self.sink is not None
+        self.sink.log(rec)
+        return rec
+
+    def _current(self, k: int) -> torch.Tensor:
+        """Partition k's weights and buffers now (a slot when it takes part, else its snapshot)."""
+        if k in self.part:
+            return self.slots[self.part.index(k)]
+        return self.snapshots[self.held[k]]
+
+    def _load_global(self) -> None:
+        """The global model into the worker, as Trainer._swap_in_global chooses it."""
+        algo, n = self.algo, self.n
+        if algo.models_agree or algo.global_model_rank is not None:
+            self.w.load(algo.global_w, self.global_buf)
+            return
+        avg = self.group.sum_hosted([self._current(k) for k in self.hosted]).clone()
+        # the threads engine sums weights and buffers in separate calls: the same bits (elementwise)
+        avg.div_(self.P)
+        self.w.load(avg[:n], avg[n:])
+
+    def _evaluate_global(self) -> tuple[float, float]:
+        from geodml.trainer import evaluate
+        self._load_global()
+        rows = []
+        for k in self.hosted:
+            shard = slice(k, None, self.P)
+            correct, loss_sum = evaluate(self.w.model, self.test_x[shard], self.test_y[shard])
+            rows.append(torch.tensor([float(correct), loss_sum], dtype=torch.float64))
+        t = self.group.sum_hosted(rows)
+        n = len(self.test_y)
+        return float(t[0] / n), float(t[1] / n)
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def run(self) -> dict:
+        from geodml.trainer import learning_rate
+        algo, cfg = self.algo, self.cfg
+        self.w.model.train()
+        self.part = [k for k in algo.selected if k in self.hosted]
+        self._begin_round_zero()
+        lr = cfg.optim.lr
+        step = 0
+        while step < self.total_steps:
+            lr = learning_rate(cfg.optim, step, self.spe, self.total_steps)
+            self._train_step(step, lr)
+            if algo.steps_in_round == algo.round_len:
+                self._synchronize()
+                if step + 1 < self.total_steps:
+                    self._begin_round()
+            step += 1
+            if step < self.total_steps:
+                do_eval = step % cfg.eval_every == 0
+                if do_eval or step % cfg.log_every == 0:
+                    self._log(step, lr, with_eval=do_eval)
+        if algo.steps_in_round > 0:
+            self._synchronize()
+        return self._finish(step, lr)
+
+    def _begin_round_zero(self) -> None:
+        """Round 0 was planned by FedAvg's constructor (every partition holds w_0): the slots only."""
+        algo, n = self.algo, self.n
+        m = len(self.part)
+        self.slots = torch.empty((m, n + self.w.nbuf), dtype=algo.flat.data.dtype)
+        self.slot_u = []
+        for i, k in enumerate(self.part):
+            self.slots[i, :n].copy_(algo.global_w)
+            self.slots[i, n:].copy_(self.global_buf)
+            u = self._scratch_u(i) if algo.reset_momentum else self.u.setdefault(k, torch.zeros(n))
+            u.zero_()
+            self.slot_u.append(u)
+
+    def _finish(self, step: int, lr: float) -> dict:
+        from geodml.trainer import evaluate
+        final = self._log(step, lr, with_eval=True)
+        own_val: dict[int, float] = {}
+        per: list[tuple[float, float]] = []
+        files: dict[int, Path] = {}
+        for k in self.hosted:
+            r = self.held[k]
+            self.w.load(self.snapshots[r][:self.n], self.snapshots[r][self.n:])
+            if r not in own_val:
+                own_val[r] = evaluate(self.w.model, self.test_x, self.test_y)[0] / len(self.test_y)
+            local = torch.from_numpy(self.local_indices[k])
+            train_correct, _ = evaluate(self.w.model, self.w.train_x[local], self.w.train_y[local])
+            per.append((own_val[r], train_correct / len(local)))
+            own = rundir.rank_dir(self.out, k)
+            own.mkdir(parents=True, exist_ok=True)
+            if r in files:
+                _replace_link(files[r], own / rundir.MODEL)
+            else:
+                rundir.save_torch(own / rundir.MODEL, {n: v.detach().clone() for n, v in
+                                                       self.w.model.state_dict().items()})
+                files[r] = own / rundir.MODEL
+            rundir.write_json(own / rundir.STARTUP, self.startup.report(rank=k, local_rank=k - self.hosted.start))
+        per_rank = self.group.gather_hosted_objects(per)
+        return {"final": final, "per_rank_val_accuracy": [v for v, _ in per_rank],
+                "per_rank_train_accuracy": [t for _, t in per_rank]}
+
+    def close(self) -> None:
+        if self.sink is not None:
+            self.sink.close()
+
+
+def _replace_link(target: Path, link: Path) -> None:
+    """``link`` becomes a hard link to ``target`` (a copy where hard links are not possible)."""
+    link.unlink(missing_ok=True)
+    try:
+        os.link(target, link)
+    except OSError:
+        import shutil
+        shutil.copyfile(target, link)
+
+
+def run_pool(cfg: RunConfig, env: Env, pre: Preflight) -> dict | None:
+    """This process's block of the P partitions on the pool engine (module docstring); the
+    summary on process 0. The run directory is the threads engine's (geodml.run)."""
+    from geodml.comm import build_hosted_group
+    from geodml.comm.collectives import ring_allreduce_wan_bytes
+    from geodml.comm.crossproc import blocks
+    from geodml.comm.ledger import Ledger
+    from geodml.parts import Startup
+    from geodml.run import InputError, _joined, _limit_malloc_arenas
+
+    torch.set_num_threads(cfg.threads)
+    _limit_malloc_arenas()
+    P, R = len(pre.partitions), env.world_size
+    wall_t0 = time.monotonic()
+    startup = Startup()
+    with _joined(cfg, env, "gloo", "cpu") as (_, out):
+        startup.lap("process_group_s")
+        group = build_hosted_group(cfg.comm, partitions=P, process=env.rank, processes=R, topology=pre.topology)
+        try:
+            startup.lap("zmq_mesh_s")
+            startup.moved_to_preflight("data_s", pre.data_s)
+            try:
+                pool = Pool(cfg, env, pre, out=out, group=group, startup=startup)
+            except ValueError as exc:
+                raise InputError(str(exc)) from None
+            startup.lap("model_s")
+            startup.done()
+            try:
+                result = pool.run()
+            finally:
+                pool.close()
+            hosted = list(blocks(P, R)[env.rank])
+            rows = [r for rank_rows in group.gather_hosted_objects([group.comm(k).ledger.rows() for k in hosted])
+                    for r in rank_rows]
+            emulated_s = group.max_hosted([float(group.comm(k).emulated_s) for k in hosted])
+            global_sd = _global_state_dict(pool)
+        finally:
+            group.close()
+        if env.rank != 0:
+            return None
+        flat = pool.algo.flat
+        bsp_bytes = pool.total_steps * ring_allreduce_wan_bytes(flat.numel, flat.data.element_size(),
+                                                                group.region_of_rank)
+        summary = rundir.make_summary(cfg, world_size=P, result=result, totals=Ledger.summarize(rows),
+                                      emulated_s=emulated_s, wall_s=time.monotonic() - wall_t0,
+                                      steps=pool.total_steps, steps_per_epoch=pool.spe, bsp_bytes=bsp_bytes,
+                                      algo=pool.algo, skewscout={})
+        rundir.save_torch(out / rundir.MODEL, global_sd)
+        rundir.write_json(out / rundir.SUMMARY, summary)
+        print(rundir.done_text(summary, out), flush=True)
+        return summary
+
+
+def _global_state_dict(pool: Pool) -> dict:
+    pool._load_global()
+    return {k: v.detach().clone() for k, v in pool.w.model.state_dict().items()}
