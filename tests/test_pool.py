@@ -1,0 +1,98 @@
+"""The pool engine (geodml.pool): a process's FedAvg partitions as state on one worker model.
+
+It must report exactly what the threads engine reports for the same run: every partition's and
+the global model, the whole ledger, the accuracies and losses, and every metrics.jsonl line
+(wall-clock and measured-compute fields aside) -- bit for bit, on one process and on two.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from geodml.cli import main
+from geodml.config import RunConfig
+from geodml.pool import pool_refusal
+from tests.test_partitions import SAME
+
+BASE = ["--dataset", "digits", "--partition", "label", "--skew", "0.8", "--steps", "30", "--no-progress",
+        "--wan", "virtual", "--partitions", "6", "--algo", "fedavg", "--iter-local", "5"]
+CONFIGS = {
+    # a star per round, downloads, FedAvgM and FedProx; evaluations mid-round average every
+    # partition's weights (snapshots for those that sat out)
+    "sampled-fedavgm-fedprox": ["--client-fraction", "0.5", "--server-momentum", "0.9", "--server-nesterov",
+                                "--prox-mu", "0.1", "--eval-every", "7", "--log-every", "3"],
+    # every partition every round: one charged all-reduce; momentum reset each round; a partial last round
+    "all-reset": ["--reset-momentum", "--steps", "28", "--eval-every", "10", "--log-every", "5",
+                  "--weight-decay", "0.001"],
+}
+NOT_COMPARED = {"wall_s", "emulated_s",  # measured
+                # FedAvgM's norm: the pool logs the server's v; the threads engine rank 0's copy, stale
+                # when rank 0 sat the round out
+                "fedavgm_server_momentum_norm"}
+
+
+def _metrics(out):
+    return [{k: v for k, v in json.loads(line).items() if k not in NOT_COMPARED}
+            for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _same_run(a, b):
+    sa, sb = (json.loads((d / "summary.json").read_text()) for d in (a, b))
+    for key in SAME:
+        assert sa.get(key) == sb.get(key), key
+    assert _metrics(a) == _metrics(b)
+    for f in ["model.pt", *(f"rank{k}/model.pt" for k in range(6))]:
+        x, y = torch.load(a / f), torch.load(b / f)
+        assert list(x) == list(y) and all(torch.equal(x[n], y[n]) for n in x), f
+
+
+def _cfg(*argv):
+    from geodml.cli import parse_config
+    return parse_config(list(argv))
+
+
+def test_what_the_pool_engine_runs_and_refuses():
+    assert pool_refusal(RunConfig()) is not None                       # bsp
+    assert pool_refusal(_cfg("--algo", "fedavg", "--server-momentum", "0.9", "--prox-mu", "0.1",
+                             "--reset-momentum", "--client-fraction", "0.1")) is None
+    for argv, why in ((["--algo", "gaia"], "--algo gaia"), (["--algo", "fedavg", "--fedir"], "FedIR"),
+                      (["--algo", "fedavg", "--skewscout"], "--skewscout"),
+                      (["--algo", "fedavg", "--checkpoint-every", "5"], "checkpoints"),
+                      (["--algo", "fedavg", "--wan", "real"], "--wan real"),
+                      (["--algo", "fedavg", "--model", "lenet", "--norm", "batch"], "--norm batch")):
+        assert why in (pool_refusal(_cfg(*argv)) or ""), argv
+
+
+def test_engine_pool_with_what_it_does_not_run_is_an_input_error(tmp_path, capsys):
+    out = tmp_path / "never"
+    assert main(["--algo", "gaia", "--engine", "pool", "--partitions", "3", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0] == ("geodml: error: --engine pool does not run --algo gaia (the pool engine runs the FedAvg "
+                      "family; other algorithms use threads); use --engine threads (or auto)")
+    assert not out.exists()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_pool_equals_threads_bit_for_bit(name, tmp_path):
+    argv = [*BASE, *CONFIGS[name]]
+    assert main([*argv, "--engine", "threads", "--out", str(tmp_path / "threads")]) == 0
+    assert main([*argv, "--engine", "pool", "--out", str(tmp_path / "pool")]) == 0
+    assert json.loads((tmp_path / "pool" / "config.json").read_text())["engine"] == "pool"
+    _same_run(tmp_path / "threads", tmp_path / "pool")
+
+
+@pytest.mark.integration
+def test_pool_on_two_processes_equals_one(tmp_path, monkeypatch):
+    from tests.support.procs import run_torchrun
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    argv = [*BASE, *CONFIGS["sampled-fedavgm-fedprox"], "--engine", "auto"]
+    assert main([*argv, "--out", str(tmp_path / "r1")]) == 0
+    r = run_torchrun(2, [*argv, "--out", str(tmp_path / "r2")], timeout_s=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "pool engine" in r.stdout
+    _same_run(tmp_path / "r1", tmp_path / "r2")
