@@ -92,7 +92,7 @@ def test_bad_labels(labels, match):
 @pytest.mark.parametrize("make, match", [(lambda: LabelSkewPartitioner(1.5), "skew"),
                                          (lambda: LabelSkewPartitioner(-0.1), "skew"),
                                          (lambda: LabelSkewPartitioner(float("nan")), "skew"),
-                                         (lambda: DirichletPartitioner(0.0), "alpha"),
+                                         (lambda: DirichletPartitioner(-0.1), "alpha"),
                                          (lambda: DirichletPartitioner(float("inf")), "alpha"),
                                          (lambda: ShardsPartitioner(0), "shards_per_partition"),
                                          (lambda: ShardsPartitioner(1.5), "shards_per_partition")])
