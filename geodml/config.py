@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 DATASETS = ("digits", "fashion-mnist", "mnist", "cifar10")
-PARTITIONS = ("iid", "label", "dirichlet", "shards")
+PARTITIONS = ("iid", "label", "dirichlet", "shards", "longtail", "entropy")
 MODELS = ("cnn", "lenet", "resnet20", "logreg", "mlp")
 """cnn: McMahan et al. 2017's CNN (called lenet before issue 21); lenet: the Quagmire authors' Caffe LeNet."""
 NORMS = ("none", "batch", "group", "batchrenorm")
@@ -88,9 +88,18 @@ class DataConfig:
     data_dir: str | None = opt(None, help="directory with the dataset files",
                                default_text="/usr/share/datasets/fashion-mnist for fashion-mnist")
     partition: str = opt("iid", choices=PARTITIONS, help="partitioner: iid, label (Quagmire x% non-IID), "
-                         "dirichlet (Hsu et al.), shards (McMahan et al.)")
+                         "dirichlet (Hsu et al.), shards (McMahan et al.), longtail (IWDS's LLT), "
+                         "entropy (van Lier's topic-based distributions)")
     skew: float = opt(1.0, help="--partition label: fraction of the data partitioned by label (1.0 = 100% non-IID)")
-    alpha: float = opt(0.5, help="--partition dirichlet: concentration alpha of Dir(alpha * p)")
+    alpha: float = opt(0.5, help="--partition dirichlet: concentration alpha of Dir(alpha * p); 0 = one class "
+                       "per client (the alpha -> 0 limit)")
+    client_size: int | None = opt(None, metavar="N", default_text="training samples // partitions",
+                                  help="--partition dirichlet: samples per partition, drawn without replacement "
+                                  "(Hsu et al. 2019: 100 clients x 500)")
+    tail: float = opt(0.9, metavar="ALPHA", help="--partition longtail: alpha_l, the share of each class its "
+                      "head partition(s) hold; the other partitions share the rest evenly (IWDS: 0.9, 0.99)")
+    entropy_steps: int = opt(0, metavar="N", help="--partition entropy: distribution iterations d_N (0 = the "
+                             "minimum-entropy topic split; van Lier: up to 100)")
     shards_per_partition: int = opt(2, help="--partition shards: shards of sorted labels per partition "
                                     "(McMahan et al.: 2)")
     cache: str = opt("auto", flag="--data-cache", metavar="DIR",
@@ -106,7 +115,14 @@ class DataConfig:
                f"--partition: unknown partitioner {self.partition!r}; choose one of {', '.join(PARTITIONS)}")
         _check(_finite(self.skew) and 0.0 <= self.skew <= 1.0,
                f"--skew must be a fraction in [0, 1], got {self.skew!r}")
-        _check(_finite(self.alpha) and self.alpha > 0, f"--alpha must be > 0, got {self.alpha!r}")
+        _check(_finite(self.alpha) and self.alpha >= 0,
+               f"--alpha must be >= 0 (0: one class per partition), got {self.alpha!r}")
+        _check(self.client_size is None or (_int(self.client_size) and self.client_size >= 1),
+               f"--client-size must be an integer >= 1, got {self.client_size!r}")
+        _check(_finite(self.tail) and 0.0 <= self.tail <= 1.0,
+               f"--tail must be a fraction in [0, 1] (the head partitions' share of a class), got {self.tail!r}")
+        _check(_int(self.entropy_steps) and self.entropy_steps >= 0,
+               f"--entropy-steps must be an integer >= 0, got {self.entropy_steps!r}")
         _check(isinstance(self.shards_per_partition, int) and self.shards_per_partition >= 1,
                f"--shards-per-partition must be an integer >= 1, got {self.shards_per_partition!r}")
 

@@ -7,11 +7,15 @@ import pytest
 
 from geodml.config import DataConfig
 from geodml.data.partition import (
+    FASHION_MNIST_TREE,
     DirichletPartitioner,
+    EntropyPartitioner,
     IIDPartitioner,
     LabelSkewPartitioner,
+    LongTailPartitioner,
     ShardsPartitioner,
     format_partition_table,
+    joint_entropy,
     make_partitioner,
     partition_report,
 )
@@ -92,7 +96,7 @@ def test_bad_labels(labels, match):
 @pytest.mark.parametrize("make, match", [(lambda: LabelSkewPartitioner(1.5), "skew"),
                                          (lambda: LabelSkewPartitioner(-0.1), "skew"),
                                          (lambda: LabelSkewPartitioner(float("nan")), "skew"),
-                                         (lambda: DirichletPartitioner(0.0), "alpha"),
+                                         (lambda: DirichletPartitioner(-0.1), "alpha"),
                                          (lambda: DirichletPartitioner(float("inf")), "alpha"),
                                          (lambda: ShardsPartitioner(0), "shards_per_partition"),
                                          (lambda: ShardsPartitioner(1.5), "shards_per_partition")])
@@ -266,6 +270,274 @@ def test_dirichlet_exhausted_classes_are_renormalized_away():
         assert_disjoint_sorted(parts, 100, cover=True)
 
 
+def test_dirichlet_client_size_hsu_setup():
+    # Hsu et al. 2019: 100 clients x 500 images, without replacement; Fashion-MNIST has 60,000 so 10,000 stay unused.
+    labels = np.repeat(np.arange(10), 6000)
+    parts = DirichletPartitioner(0.1, client_size=500).split(labels, 100, rng())
+    assert [len(p) for p in parts] == [500] * 100
+    assert_disjoint_sorted(parts, len(labels), cover=False)
+
+
+def test_dirichlet_client_size_needs_enough_samples():
+    with pytest.raises(ValueError, match="needs 1010 samples and the training set has 1000; lower --client-size"):
+        DirichletPartitioner(0.5, client_size=101).split(TEN_BY_TEN.repeat(10), 10, rng())
+
+
+def test_dirichlet_alpha_zero_one_class_per_client():
+    # 10 classes x 50, 100 clients x 5: 5 divides 50, so no class runs out inside a client.
+    labels = np.repeat(np.arange(10), 50)
+    for seed in range(3):
+        parts = DirichletPartitioner(0.0, client_size=5).split(labels, 100, rng(seed))
+        c = counts(labels, parts)
+        assert np.all((c > 0).sum(axis=1) == 1) and np.all(c.sum(axis=1) == 5)
+        assert c.sum(axis=0).tolist() == [50] * 10  # every sample given out once: the population is the whole set
+        assert partition_report(labels, parts, 10)["mean_entropy_bits"] == 0.0
+
+
+def test_dirichlet_alpha_zero_is_seeded_and_random():
+    labels = np.repeat(np.arange(10), 50)
+
+    def client_classes(seed):
+        c = counts(labels, DirichletPartitioner(0.0, client_size=5).split(labels, 100, rng(seed)))
+        return np.argmax(c, axis=1).tolist()
+
+    assert client_classes(0) == client_classes(0) != client_classes(1)
+
+
+@pytest.mark.parametrize("size", [0, -5, 2.5, True])
+def test_dirichlet_bad_client_size(size):
+    with pytest.raises(ValueError, match="client_size must be an integer >= 1"):
+        DirichletPartitioner(0.5, client_size=size)
+
+
+# ------------------------------------------------------------------ longtail (IWDS's LLT)
+
+
+def test_longtail_iwds_ten_clients_hand_counts():
+    # K=10, C=10, 900 per class: the head (client c for class c) gets 0.9 * 900 = 810, the
+    # other 9 clients (1 - 0.9) / 9 * 900 = 10 each; at 0.99: 891 and 1.
+    labels = np.repeat(np.arange(10), 900)
+    for tail, head, rest in [(0.9, 810, 10), (0.99, 891, 1)]:
+        parts = LongTailPartitioner(tail).split(labels, 10, rng())
+        c = counts(labels, parts)
+        assert np.array_equal(c, np.where(np.eye(10, dtype=bool), head, rest))
+        assert_disjoint_sorted(parts, len(labels), cover=True)
+
+
+def test_longtail_floor_cuts_last_client_takes_rest():
+    # 100 per class, tail 0.9: tail share 0.1/9*100 = 1.11 per client; cut points floor(cumulative):
+    # class 0 -> head 90, clients 1..8 one each (floor(90 + 1.11 j)), client 9 the remaining 2;
+    # class 9 -> clients 0..8 at floor(1.11 j) = 1, 2, ..., 8, 10 (9 * 1.11 = 10), so client 8 gets 2,
+    # and the head, client 9, the rest: 90.
+    c = counts(TEN_BY_TEN.repeat(10), LongTailPartitioner(0.9).split(TEN_BY_TEN.repeat(10), 10, rng()))
+    assert c[:, 0].tolist() == [90, 1, 1, 1, 1, 1, 1, 1, 1, 2]
+    assert c[:, 9].tolist() == [1, 1, 1, 1, 1, 1, 1, 1, 2, 90]
+    assert c.sum(axis=0).tolist() == [100] * 10
+
+
+def test_longtail_twenty_clients_two_heads_share_alpha():
+    # K=20, C=10: heads of class c are clients c and c+10, 0.9/2 each of 1800 = 810; the 18 others
+    # (1 - 0.9) / 18 * 1800 = 10 each.
+    labels = np.repeat(np.arange(10), 1800)
+    c = counts(labels, LongTailPartitioner(0.9).split(labels, 20, rng()))
+    for k in range(20):
+        assert c[k, k % 10] == 810 and np.delete(c[k], k % 10).tolist() == [10] * 9
+
+
+def test_longtail_shares_hand_numbers():
+    s = LongTailPartitioner(0.9).shares(2, 4)  # heads: class 0 -> clients 0, 2; class 1 -> clients 1, 3
+    assert np.allclose(s, [[0.45, 0.05, 0.45, 0.05], [0.05, 0.45, 0.05, 0.45]])
+    assert np.allclose(LongTailPartitioner(0.3).shares(1, 3), [[1 / 3] * 3])
+
+
+def test_longtail_extremes():
+    labels = np.repeat(np.arange(10), 900)
+    full = counts(labels, LongTailPartitioner(1.0).split(labels, 10, rng()))
+    assert np.array_equal(full, 900 * np.eye(10, dtype=int))  # one class per client
+    flat = counts(labels, LongTailPartitioner(0.1).split(labels, 10, rng()))
+    assert np.all(flat == 90)  # alpha_l = 1/C: the head's share equals everyone's
+
+
+def test_longtail_covers_and_is_seeded():
+    labels = np.random.default_rng(3).integers(0, 10, size=2003)
+    a = LongTailPartitioner(0.9).split(labels, 20, rng(5))
+    b = LongTailPartitioner(0.9).split(labels, 20, rng(5))
+    c = LongTailPartitioner(0.9).split(labels, 20, rng(6))
+    assert_disjoint_sorted(a, len(labels), cover=True)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert not all(np.array_equal(x, y) for x, y in zip(a, c))
+    assert np.array_equal(counts(labels, a), counts(labels, c))  # the counts are fixed; which samples is random
+
+
+def test_longtail_needs_multiple_of_classes():
+    with pytest.raises(ValueError, match="multiple of the number of classes.*15 partitions, 10 classes"):
+        LongTailPartitioner(0.9).split(TEN_BY_TEN, 15, rng())
+
+
+def test_longtail_empty_partition_is_an_error():
+    # Class 0 has one sample and two heads (0 and 10); tail 1.0: client 0 gets nothing of any class.
+    labels = np.concatenate([[0], np.repeat(np.arange(1, 10), 4)])
+    with pytest.raises(ValueError, match="longtail partition 0 would be empty"):
+        LongTailPartitioner(1.0).split(labels, 20, rng())
+
+
+@pytest.mark.parametrize("tail", [-0.1, 1.5, float("nan"), True, "0.9"])
+def test_longtail_bad_tail(tail):
+    with pytest.raises(ValueError, match="tail must be a fraction in"):
+        LongTailPartitioner(tail)
+
+
+# ------------------------------------------------------------------ entropy (van Lier 2018)
+
+
+def test_joint_entropy_hand_numbers():
+    assert joint_entropy(np.array([[2, 2, 0], [0, 0, 4]])) == pytest.approx(1.5)  # 1/4, 1/4, 1/2
+    assert joint_entropy(np.array([[2, 2, 0], [0, 0, 4]]), base=math.e) == pytest.approx(1.5 * math.log(2))
+    assert joint_entropy(np.ones((2, 2))) == pytest.approx(2.0)  # four equal cells
+    assert joint_entropy(np.array([[3, 0], [1, 0]])) == pytest.approx(0.75 * math.log2(4 / 3) + 0.25 * 2)  # 0.8113
+    assert joint_entropy(np.array([[5]])) == 0.0
+    assert joint_entropy(np.zeros((3, 2))) == 0.0
+
+
+@pytest.mark.parametrize("counts_, base, match", [(np.array([[1, -1]]), 2.0, "non-negative"),
+                                                  (np.array([[1.0, np.nan]]), 2.0, "finite"),
+                                                  (np.ones((2, 2)), 1.0, "base must be")])
+def test_joint_entropy_bad_input(counts_, base, match):
+    with pytest.raises(ValueError, match=match):
+        joint_entropy(counts_, base=base)
+
+
+def test_entropy_fashion_mnist_graph_one_client_per_class():
+    # Tree order 0 2 4 6 | 5 7 9 | 1 | 3 | 8 -> clients 0..9. Related classes: within a group, and the
+    # groups' first classes 0, 5, 1, 3, 8 with each other.
+    client_class, nb = EntropyPartitioner(0, FASHION_MNIST_TREE).clients(np.arange(10), 10)
+    assert client_class.tolist() == [0, 2, 4, 6, 5, 7, 9, 1, 3, 8]
+    assert [n.tolist() for n in nb] == [
+        [1, 2, 3, 4, 7, 8, 9],  # class 0: tops 2, 4, 6; heads 5, 1, 3, 8
+        [0, 2, 3], [0, 1, 3], [0, 1, 2],  # classes 2, 4, 6: the other tops
+        [0, 5, 6, 7, 8, 9],  # class 5: footwear 7, 9; heads 0, 1, 3, 8
+        [4, 6], [4, 5],  # classes 7, 9: the other footwear
+        [0, 4, 8, 9], [0, 4, 7, 9], [0, 4, 7, 8],  # trousers, dress, bag: the other heads
+    ]
+
+
+def test_entropy_graph_uneven_clients_per_class():
+    # K=12: the first two classes in tree order (0, 2) get two clients each: 0 -> {0, 1}, 2 -> {2, 3},
+    # 4 -> 4, 6 -> 5, 5 -> 6, 7 -> 7, 9 -> 8, 1 -> 9, 3 -> 10, 8 -> 11. Class 0's clients form a ring
+    # (0-1) and pair i mod 2 with i mod n of each related class: 0-2, 1-3; 0-4, 1-4; 0-5, 1-5; ...
+    client_class, nb = EntropyPartitioner(0, FASHION_MNIST_TREE).clients(np.arange(10), 12)
+    assert client_class.tolist() == [0, 0, 2, 2, 4, 6, 5, 7, 9, 1, 3, 8]
+    assert nb[0].tolist() == [1, 2, 4, 5, 6, 9, 10, 11]
+    assert nb[1].tolist() == [0, 3, 4, 5, 6, 9, 10, 11]
+    assert nb[3].tolist() == [1, 2, 4, 5]
+    assert nb[6].tolist() == [0, 1, 7, 8, 9, 10, 11]
+
+
+def test_entropy_flat_tree_is_complete_over_classes():
+    client_class, nb = EntropyPartitioner(0).clients(np.array([3, 5, 7]), 3)
+    assert client_class.tolist() == [3, 5, 7]
+    assert [n.tolist() for n in nb] == [[1, 2], [0, 2], [0, 1]]
+
+
+def test_entropy_d0_is_one_topic_per_client():
+    # steps 0, one client per class: d_0 is the split by label, whatever the seed.
+    labels = np.array([0, 0, 0, 1])
+    for seed in range(3):
+        parts = EntropyPartitioner(0).split(labels, 2, rng(seed))
+        assert [p.tolist() for p in parts] == [[0, 1, 2], [3]]
+        r = partition_report(labels, parts, 2)
+        assert r["entropy_bits"] == [0.0, 0.0]
+        assert r["joint_entropy_bits"] == pytest.approx(0.75 * math.log2(4 / 3) + 0.25 * 2)  # 0.811 bits
+
+
+def test_entropy_d0_unbalanced_sizes():
+    # One class of 100 on 4 clients: each gets 100 // 8 = 12, the other 52 are cut at 3 random points.
+    labels = np.zeros(100, dtype=int)
+    sizes = {tuple(len(p) for p in EntropyPartitioner(0).split(labels, 4, rng(s))) for s in range(10)}
+    assert all(sum(t) == 100 and min(t) >= 12 for t in sizes)
+    assert len(sizes) > 1 and any(max(t) - min(t) > 10 for t in sizes)
+
+
+def test_entropy_one_step_hand_probabilities():
+    # Two classes, two clients, one relation: a sample picks from [other, self, self], so it moves with
+    # probability 1/3 (after two steps 2 * 1/3 * 2/3 = 4/9). Pr(k, y) after one step: 1/3, 1/6, 1/6, 1/3
+    # -> H = 2/3 log2 3 + 1/3 log2 6 = 1.9183 bits.
+    n = 30000
+    labels = np.repeat([0, 1], n)
+    chain = list(EntropyPartitioner(2).distributions(labels, 2, rng()))
+    assert len(chain) == 3 and np.array_equal(chain[0], labels)
+    moved1, moved2 = np.mean(chain[1] != labels), np.mean(chain[2] != labels)
+    assert abs(moved1 - 1 / 3) < 0.015 and abs(moved2 - 4 / 9) < 0.015
+    c1 = np.array([[np.sum((chain[1] == k) & (labels == y)) for y in (0, 1)] for k in (0, 1)])
+    assert joint_entropy(c1) == pytest.approx(2 / 3 * math.log2(3) + 1 / 3 * math.log2(6), abs=0.01)
+
+
+def test_entropy_chain_prefix_and_seed():
+    labels = np.random.default_rng(4).integers(0, 10, size=1500)
+    chain = list(EntropyPartitioner(8, FASHION_MNIST_TREE).distributions(labels, 20, rng(3)))
+    for steps in (0, 3, 8):  # d_t of a longer chain is what a steps=t partitioner ends on
+        parts = EntropyPartitioner(steps, FASHION_MNIST_TREE).split(labels, 20, rng(3))
+        assert all(np.array_equal(p, np.flatnonzero(chain[steps] == k)) for k, p in enumerate(parts))
+        assert_disjoint_sorted(parts, len(labels), cover=True)
+    other = EntropyPartitioner(8, FASHION_MNIST_TREE).split(labels, 20, rng(4))
+    assert not all(np.array_equal(np.flatnonzero(chain[8] == k), p) for k, p in enumerate(other))
+
+
+def test_entropy_rises_and_mixes_within_groups_first():
+    labels = np.repeat(np.arange(10), 300)
+    chain = list(EntropyPartitioner(20, FASHION_MNIST_TREE).distributions(labels, 30, rng()))
+    h = [joint_entropy(np.stack([np.bincount(labels[d == k], minlength=10) for k in range(30)])) for d in chain]
+    sizes = np.bincount(chain[0], minlength=30)
+    assert h[0] == pytest.approx(joint_entropy(sizes))  # d_0: one label per client, H = H(sizes)
+    assert h[0] < h[1] < h[5] < h[20] <= math.log2(30) + math.log2(10)
+    # Class 7 (sneaker) is not its group's first class: after one step its clients hold footwear only.
+    client_class, _ = EntropyPartitioner(0, FASHION_MNIST_TREE).clients(np.arange(10), 30)
+    on_sneaker_clients = labels[np.isin(chain[1], np.flatnonzero(client_class == 7))]
+    assert set(on_sneaker_clients.tolist()) <= {5, 7, 9} and len(set(on_sneaker_clients.tolist())) == 3
+
+
+def test_entropy_report_of_split():
+    labels = np.repeat(np.arange(10), 60)
+    r = partition_report(labels, EntropyPartitioner(0, FASHION_MNIST_TREE).split(labels, 10, rng()), 10)
+    assert r["entropy_bits"] == [0.0] * 10 and r["joint_entropy_bits"] == pytest.approx(math.log2(10))
+
+
+def test_entropy_emptied_partition_is_an_error():
+    # Two samples, two clients: after one step both sit on one client with probability 2 * 1/3 * 2/3.
+    outcomes = []
+    for seed in range(20):
+        try:
+            parts = EntropyPartitioner(1).split(np.array([0, 1]), 2, rng(seed))
+            outcomes.append([p.tolist() for p in parts])
+        except ValueError as exc:
+            assert "is empty after 1 steps" in str(exc) and "run fewer partitions" in str(exc)
+            outcomes.append(None)
+    assert None in outcomes and [[0], [1]] in outcomes and [[1], [0]] in outcomes
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: EntropyPartitioner(-1), "steps must be an integer >= 0"),
+    (lambda: EntropyPartitioner(2.0), "steps must be an integer >= 0"),
+    (lambda: EntropyPartitioner(True), "steps must be an integer >= 0"),
+    (lambda: EntropyPartitioner(1, ((0, 1), (1, 2))), "at most once"),
+    (lambda: EntropyPartitioner(1, ((0, 1), ())), "non-empty groups"),
+    (lambda: EntropyPartitioner(1, ((0, -1),)), "non-negative integer"),
+])
+def test_entropy_bad_parameters(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+@pytest.mark.parametrize("labels, k, groups, match", [
+    (TEN_BY_TEN, 5, None, "at least one partition per class.*5 partitions for 10 classes"),
+    (TEN_BY_TEN, 10, ((0, 1, 2),), r"label\(s\) \[3, 4, 5, 6, 7, 8, 9\] are not in the label tree"),
+    (np.array([0, 0, 0, 1]), 4, None, "class 1 has 1 samples for its 2 clients"),  # K=4, C=2: two clients each
+])
+def test_entropy_bad_split(labels, k, groups, match):
+    with pytest.raises(ValueError, match=match):
+        EntropyPartitioner(0, groups).split(labels, k, rng())
+
+
 # ------------------------------------------------------------------ shards (McMahan et al.)
 
 
@@ -307,6 +579,10 @@ def test_shards_need_enough_samples():
     (DataConfig(partition="label", skew=0.2), LabelSkewPartitioner(0.2)),
     (DataConfig(partition="dirichlet", alpha=0.1), DirichletPartitioner(0.1)),
     (DataConfig(partition="shards", shards_per_partition=3), ShardsPartitioner(3)),
+    (DataConfig(partition="dirichlet", alpha=0, client_size=500), DirichletPartitioner(0, client_size=500)),
+    (DataConfig(partition="longtail", tail=0.99), LongTailPartitioner(0.99)),
+    (DataConfig(partition="entropy", entropy_steps=7, dataset="fashion-mnist"), EntropyPartitioner(7, FASHION_MNIST_TREE)),
+    (DataConfig(partition="entropy", dataset="digits"), EntropyPartitioner(0, None)),
 ])
 def test_make_partitioner(cfg, expected):
     assert make_partitioner(cfg) == expected
