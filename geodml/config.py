@@ -24,11 +24,12 @@ from typing import Any, ClassVar
 
 DATASETS = ("digits", "fashion-mnist", "mnist", "cifar10")
 PARTITIONS = ("iid", "label", "dirichlet", "shards", "longtail", "entropy")
-MODELS = ("cnn", "lenet", "resnet20", "logreg", "mlp")
-"""cnn: McMahan et al. 2017's CNN (called lenet before issue 21); lenet: the Quagmire authors' Caffe LeNet."""
+MODELS = ("cnn", "lenet", "resnet20", "logreg", "mlp", "cifar-cnn")
+"""cnn: McMahan et al. 2017's CNN (called lenet before issue 21); lenet: the Quagmire authors' Caffe LeNet;
+cifar-cnn: McMahan et al. 2017's CIFAR-10 CNN (the TensorFlow tutorial's), which Hsu et al. 2019 use."""
 NORMS = ("none", "batch", "group", "batchrenorm")
 MODEL_NORMS = {"cnn": ("none", "batch", "group"), "lenet": ("none", "batch", "group", "batchrenorm"),
-               "resnet20": ("batch", "group"), "logreg": ("none",), "mlp": ("none",)}
+               "resnet20": ("batch", "group"), "logreg": ("none",), "mlp": ("none",), "cifar-cnn": ("none",)}
 """The normalizations each model supports; the first is its natural default."""
 MODEL_NORM_CHANNELS = {"cnn": (32, 64), "lenet": (32, 32, 64), "resnet20": (16, 32, 64)}
 """The channel counts of each model's normalized layers (a GroupNorm grouping must divide them all)."""
@@ -43,6 +44,7 @@ WIRE_AUTH_MODES = ("on", "off")
 LR_SCHEDULES = ("step", "poly")
 DGC_SCOPES = ("global", "layer")
 DGC_CLIP_AT = ("gradient", "update")
+IWDS_MODES = ("reweight", "resample")
 SEARCHES = ("hill", "stochastic", "annealing")
 
 
@@ -134,7 +136,8 @@ class ModelConfig:
     GROUP: ClassVar[str] = "model"
 
     model: str = opt("cnn", choices=MODELS, help="network: cnn (McMahan et al. 2017's CNN; geodml's lenet before "
-                     "issue 21), lenet (the Quagmire authors' Caffe LeNet), resnet20, logreg, mlp")
+                     "issue 21), lenet (the Quagmire authors' Caffe LeNet), resnet20, logreg, mlp, cifar-cnn (McMahan et "
+                     "al.'s CIFAR-10 CNN, the TensorFlow tutorial's with its LRN, as Hsu et al. 2019 use it)")
     norm: str = opt("none", choices=NORMS, help="normalization layers: none, batch (BN), group (GN), batchrenorm "
                     "(BRN, lenet only); resnet20 needs batch or group")
     gn_group_size: int | None = opt(None, norms=("group",), metavar="N", default_text="2 (the paper's text, "
@@ -266,6 +269,17 @@ class AlgoConfig:
                                    "per round (0: off)")
     iwds: tuple[float, ...] | None = opt(None, algos=FEDAVG, default_text="off",
                                          help="IWDS per-sample weight schedule beta0,beta_m,rho")
+    iwds_mode: str = opt("reweight", algos=FEDAVG, choices=IWDS_MODES, help="with --iwds: resample: draw each "
+                         "minibatch with p(k,i) proportional to w_{k,i,t}, as the IWDS paper does; reweight: uniform "
+                         "minibatches, each example's loss weighted by w (geodml's form before issue 23, kept as the "
+                         "default so earlier runs keep their meaning)")
+    fednova: bool = opt(False, algos=FEDAVG, help="FedNova (Wang et al. 2020): average the participants' updates "
+                        "normalized by their local steps ||a_i||_1 and rescale by tau_eff = sum p_i ||a_i||_1; "
+                        "resets the local momentum every round")
+    local_epochs: float = opt(0.0, algos=FEDAVG, metavar="E", help="E > 0: each participant takes ceil(E * n_k / "
+                              "batch size) local steps per round (McMahan et al.'s E: unequal partitions take unequal "
+                              "steps), a round lasting as long as its longest participant; replaces --iter-local "
+                              "(0: off)")
 
     def __post_init__(self) -> None:
         _check(self.algo in ALGOS, f"--algo: unknown algorithm {self.algo!r}; choose one of {', '.join(ALGOS)}")
@@ -300,6 +314,16 @@ class AlgoConfig:
             b0, bm, rho = self.iwds
             _check(0 <= b0 < 1 and 0 <= bm < 1 and 0 < rho <= 1,
                    f"--iwds: need 0 <= beta0, beta_m < 1 and 0 < rho <= 1, got {self.iwds!r}")
+        _check(self.iwds_mode in IWDS_MODES,
+               f"--iwds-mode: choose one of {', '.join(IWDS_MODES)}, got {self.iwds_mode!r}")
+        _check(not (self.iwds is not None and self.iwds_mode == "resample" and self.virtual_client_size > 0),
+               "--iwds-mode resample draws each minibatch itself and FedVC (--virtual-client-size) draws its "
+               "virtual clients; use one of them, or --iwds-mode reweight with FedVC")
+        _check(_finite(self.local_epochs) and self.local_epochs >= 0,
+               f"--local-epochs must be >= 0 (0: off), got {self.local_epochs!r}")
+        _check(not (self.local_epochs > 0 and self.virtual_client_size > 0),
+               "--local-epochs and --virtual-client-size both set how much a participant trains per round; "
+               "choose one")
 
 
 @dataclass(kw_only=True)
@@ -503,6 +527,8 @@ class RunConfig:
         _check(self.algo.algo != "fedavg" or all(v >= 1 and float(v).is_integer() for v in self.skewscout.skewscout_grid),
                f"--skewscout-grid: FedAvg's knob counts steps or examples, so its values are integers >= 1, "
                f"got {self.skewscout.skewscout_grid!r}")
+        _check(not (self.skewscout.enabled and self.algo.algo == "fedavg" and self.algo.local_epochs > 0),
+               "--skewscout tunes FedAvg's Iter_Local, which --local-epochs replaces; drop one of them")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

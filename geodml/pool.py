@@ -32,9 +32,10 @@ Evaluation mid-round with client sampling averages every partition's current wei
 threads engine does (the snapshots stand in for the partitions that sat out).
 
 Scope: ``--algo fedavg`` with client sampling, FedAvgM, FedProx and ``--reset-momentum``, on the
-CPU, ``--wan off|virtual``. FedIR, IWDS and FedVC (per-partition tables in their algorithm
-objects), SkewScout, checkpoints and ``--wan real`` use the threads engine (``--engine auto``
-picks it; ``--engine pool`` with them is an input error naming the reason).
+CPU, ``--wan off|virtual``, models without BatchNorm/BatchReNorm. FedIR, IWDS and FedVC
+(per-partition tables in their algorithm objects), FedNova and ``--local-epochs``, SkewScout,
+checkpoints and ``--wan real`` use the threads engine (``--engine auto`` picks it; ``--engine
+pool`` with them is an input error naming the reason).
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ def pool_refusal(cfg: RunConfig) -> str | None:
         return f"--algo {a.algo} (the pool engine runs the FedAvg family; other algorithms use threads)"
     if a.fedir or a.iwds is not None or a.virtual_client_size:
         return "FedIR, IWDS and FedVC keep per-partition tables in their algorithm objects"
+    if a.fednova or a.local_epochs:
+        return "FedNova or --local-epochs (participants with different numbers of local steps)"
     if cfg.skewscout.enabled:
         return "--skewscout"
     if cfg.reliability.checkpoint_every or cfg.reliability.resume:

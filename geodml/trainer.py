@@ -44,10 +44,12 @@ class BatchSampler:
     Pure function of (indices, batch_size, seed, rank): tests recompute the exact sequence.
     """
 
-    def __init__(self, indices: np.ndarray, batch_size: int, seed: int, rank: int) -> None:
+    def __init__(self, indices: np.ndarray, batch_size: int, seed: int, rank: int,
+                 labels: np.ndarray | None = None) -> None:
         if len(indices) == 0:
             raise ValueError(f"partition of rank {rank} is empty; use fewer partitions or another --partition")
         self.indices = np.asarray(indices, dtype=np.int64)
+        self.labels = labels  # the labels of ``indices`` (geodml.algorithms.base.BatchSource)
         self.batch_size = batch_size
         self.rng = np.random.default_rng([seed, rank, 0x5A3])
         self.order = self.rng.permutation(self.indices)
@@ -237,7 +239,8 @@ class Trainer:
         self.eval_cache = eval_cache  # shared by the partitions of one process (geodml.run hosts them)
         self.model, self.flat, self.algo, self.comm, self.optim = model, flat, algo, comm, schedule.optim
         self.train_x, self.train_y, self.test_x, self.test_y = data.train_x, data.train_y, data.test_x, data.test_y
-        self.sampler = BatchSampler(data.local_indices, schedule.optim.batch_size, schedule.seed, self.rank)
+        self.sampler = BatchSampler(data.local_indices, schedule.optim.batch_size, schedule.seed, self.rank,
+                                    labels=data.train_y[torch.as_tensor(data.local_indices)].cpu().numpy())
         self.total_steps, self.spe = schedule.total_steps, schedule.steps_per_epoch
         self.eval_every, self.log_every = schedule.eval_every, schedule.log_every
         self.sink = sink if sink is not None else Sink()

@@ -236,3 +236,35 @@ def test_one_sgd_step_reduces_cnn_loss(norm):
 def test_bad_arguments_raise_value_error(args, match):
     with pytest.raises(ValueError, match=re.escape(match)):
         build_model(*args)
+
+
+# ---- cifar-cnn: McMahan et al. 2017's CIFAR-10 CNN (the TensorFlow tutorial's), Hsu et al. 2019 -----
+@pytest.mark.parametrize("shape, expected", [
+    # conv1 5*5*C*64 + 64; conv2 5*5*64*64 + 64 = 102,464; fc1 64*h*w*384 + 384; fc2 384*192 + 192 = 73,920;
+    # fc3 192*10 + 10 = 1,930; SAME convolutions and two halving pools: h = ceil(ceil(H/2)/2)
+    (CIFAR, 4_864 + 102_464 + (64 * 8 * 8 * 384 + 384) + 73_920 + 1_930),      # 8x8:  1,573,248 in fc1
+    (MNIST, 1_664 + 102_464 + (64 * 7 * 7 * 384 + 384) + 73_920 + 1_930),      # 7x7:  1,204,608 in fc1
+    ((3, 24, 24), 4_864 + 102_464 + (64 * 6 * 6 * 384 + 384) + 73_920 + 1_930),  # the tutorial's crops
+])
+def test_cifar_cnn_parameter_count(shape, expected):
+    assert expected in (1_756_426, 1_384_586, 1_068_298)   # the sums, written out
+    assert count_parameters(build_model("cifar-cnn", "none", shape, 10)) == expected
+
+
+def test_cifar_cnn_pools_and_lrn_as_tensorflow():
+    """SAME 3x3/2 pooling: the -inf padding goes after (32 -> 16, pad 0 before, 1 after; 7 -> 4, 1 and 1),
+    so the first window covers rows 0..2. LRN with depth radius 4: x / (1 + 0.001/9 * sum x^2)^0.75."""
+    from geodml.models.cifar_cnn import _SamePool, same_pool_padding
+
+    assert [same_pool_padding(n) for n in (32, 28, 16, 14, 7, 1)] == [(0, 1), (0, 1), (0, 1), (0, 1), (1, 1), (1, 1)]
+    x = torch.zeros(1, 1, 4, 4)
+    x[0, 0, 2, 2] = 5.0                          # in window rows/cols 0..2 and 2..4 (TF), not in -1..1
+    assert _SamePool(4, 4)(x)[0, 0].tolist() == [[5.0, 5.0], [5.0, 5.0]]
+    m = build_model("cifar-cnn", "none", CIFAR, 10)
+    v = torch.zeros(1, 64, 1, 1)
+    v[0, 10] = 3.0
+    v[0, 14] = 4.0                               # within radius 4 of channel 10; channel 19 is not
+    v[0, 19] = 2.0                               # its window, channels 15..23, holds only itself
+    got = m.norm1(v)[0, :, 0, 0]
+    assert float(got[10]) == pytest.approx(3.0 / (1 + 0.001 / 9 * 25) ** 0.75, rel=1e-6)
+    assert float(got[19]) == pytest.approx(2.0 / (1 + 0.001 / 9 * 4) ** 0.75, rel=1e-6)

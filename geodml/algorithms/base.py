@@ -118,6 +118,10 @@ class BatchSource(Protocol):
     indices: np.ndarray
     """All training-set indices of the partition."""
 
+    labels: np.ndarray | None
+    """The labels of ``indices`` (same order), or None when the source does not know them (IWDS's
+    resampling needs them)."""
+
     def next(self) -> np.ndarray:
         """The next minibatch's training-set indices (a buffer reused by the next call)."""
         ...

@@ -15,7 +15,11 @@ a server step on the averaged update ``delta = sum_k p_k (w_t - w^k)``: ``w_{t+1
 Float BatchNorm buffers are averaged with the same weights in the same all-reduce.
 
 Round structure on the trainer's step count: a round is ``round_length()`` consecutive trainer
-steps (``--iter-local``; FedVC: ceil(N_VC / B)). The average happens in ``after_step`` of the
+steps (``--iter-local``; FedVC: ceil(N_VC / B)). With ``--local-epochs E`` participant k takes
+ceil(E n_k / B) local steps instead (McMahan et al. 2017's E; partitions of unequal size take
+unequal numbers of steps) and the round lasts as long as its longest participant: the others
+stop computing after their own steps (``computes`` is False; neither weights nor momentum move)
+and wait for the average. The average happens in ``after_step`` of the
 round's last step; if training ends mid-round, ``finish()`` averages the partial round, so the
 final model is always a global one. The next round is set up right after an average (not after
 the run's last step, so no bytes are spent on a round that never runs).
@@ -44,7 +48,9 @@ uncharged ``meta_all_reduce`` (bookkeeping, not traffic of the emulated system).
 
 Variants compose as cooperative subclasses, one concept each (geodml.algorithms.federated
 builds the combination ``--algo fedavg`` asks for): FedAvgM (server momentum), FedProx (proximal
-term), FedIR (importance weights), IWDS (decaying imbalance weights), FedVC (virtual clients).
+term), FedIR (importance weights), IWDS (decaying imbalance weights), FedVC (virtual clients),
+FedNova (normalized averaging). Variants change the averaged message through ``contribute`` and
+``aggregate`` (FedNova appends ``wire_extra`` scalars to it) and the server step through ``server_update``.
 A variant sets its own attributes *before* calling ``super().__init__``, because FedAvg's
 constructor sets up round 0. FedAvg is its own ``work`` (geodml.algorithms.base.LocalWork): the
 trainer asks it whether this partition computes, which examples and how they weigh.
@@ -82,13 +88,17 @@ class FedAvg(Algorithm):
     name = "fedavg"
     # FedIR self-normalizes its per-sample weights within each minibatch (Hsu et al. 2020, eq. 4).
     self_normalized_weights = False
+    # Scalars a variant appends to the averaged message (FedNova: its share of tau_eff).
+    wire_extra = 0
 
     def __init__(self, *, flat: FlatParams, comm: Comm, momentum: float, ctx: AlgoContext, iter_local: int = 20,
-                 reset_momentum: bool = False, client_fraction: float = 1.0) -> None:
-        """Hyper-parameters as RunConfig validated them (--iter-local >= 1, --client-fraction in (0, 1])."""
+                 reset_momentum: bool = False, client_fraction: float = 1.0, local_epochs: float = 0.0) -> None:
+        """Hyper-parameters as RunConfig validated them (--iter-local >= 1, --client-fraction in (0, 1],
+        --local-epochs >= 0; 0: every participant takes Iter_Local steps)."""
         super().__init__(flat=flat, comm=comm, momentum=momentum, ctx=ctx)
         # hyper-parameters
         self.iter_local = int(iter_local)
+        self.local_epochs = float(local_epochs)
         self.reset_momentum = bool(reset_momentum)
         self.client_fraction = float(client_fraction)
         self.num_selected = num_participants(self.client_fraction, ctx.world_size)
@@ -99,13 +109,15 @@ class FedAvg(Algorithm):
         n = flat.numel
         self.nbuf = sum(b.numel() for b in flat.float_buffers)
         self.global_w = flat.data.clone()                            # w_t, the round's starting model
-        self.wire = torch.empty(n + self.nbuf, dtype=flat.data.dtype, device=flat.data.device)
+        # one round's message: [update (n) | BatchNorm buffers (nbuf) | a variant's scalars (wire_extra)]
+        self.wire = torch.empty(n + self.nbuf + self.wire_extra, dtype=flat.data.dtype, device=flat.data.device)
         self._download: torch.Tensor | None = None                   # allocated on first download
         self._diag = torch.zeros(3, dtype=torch.float64, device=flat.data.device)
         self._sample_w = torch.empty(ctx.batch_size, dtype=flat.data.dtype, device=flat.data.device)
         self.round = 0                  # index t of the current round
         self.steps_in_round = 0         # trainer steps done in the current round
         self.round_len = 0
+        self.my_local_steps = 0         # this partition's local steps in the current round
         self.selected: tuple[int, ...] = ()
         self.holders: frozenset[int] = frozenset(range(ctx.world_size))   # ranks holding w_t (all at t=0)
         self._pending_knob: float | None = None      # a knob value set mid-round, applied at the next round
@@ -120,8 +132,18 @@ class FedAvg(Algorithm):
 
     # ---- round structure (overridden by FedVC) -------------------------------------------
     def round_length(self) -> int:
-        """Trainer steps per round: Iter_Local."""
+        """Trainer steps per round: Iter_Local; with --local-epochs the most local steps of any
+        participant (called after the round's participants are chosen)."""
+        if self.local_epochs > 0:
+            return max(self.local_steps_of(k) for k in self.selected)
         return self.iter_local
+
+    def local_steps_of(self, rank: int) -> int:
+        """Local steps partition ``rank`` takes in a round it is selected for: Iter_Local, or with
+        --local-epochs E, ceil(E * n_k / B) (McMahan et al. 2017's u_k = E n_k / B; at least 1)."""
+        if self.local_epochs > 0:
+            return max(1, math.ceil(self.local_epochs * int(self.sizes[rank]) / self.ctx.batch_size - 1e-9))
+        return self.round_len
 
     def select_partitions(self, round_index: int) -> tuple[int, ...]:
         """Round ``round_index``'s participants, sorted: all, or m drawn uniformly without
@@ -150,8 +172,9 @@ class FedAvg(Algorithm):
         return self.ctx.rank in self.selected
 
     def computes(self, step: int) -> bool:
-        """Only the round's participants compute."""
-        return self.is_selected
+        """Only the round's participants compute, each for its own local steps (all of the round's
+        steps unless --local-epochs gives participants different numbers of steps)."""
+        return self.is_selected and self.steps_in_round < self.my_local_steps
 
     def batch_indices(self, step: int, sampler: BatchSource) -> np.ndarray:
         """The partition's sampler (FedVC overrides: the round's virtual client)."""
@@ -185,7 +208,9 @@ class FedAvg(Algorithm):
 
     # ---- hooks -----------------------------------------------------------------------------
     def local_update(self, step: int, lr: float) -> None:
-        if self.is_selected:
+        """The local momentum-SGD step, on the steps this partition computes (a participant that has
+        no work at a step does not move: not even its momentum)."""
+        if self.computes(step):
             super().local_update(step, lr)
 
     def after_step(self, step: int, lr: float) -> None:
@@ -207,8 +232,9 @@ class FedAvg(Algorithm):
         if self._pending_knob is not None:
             self.apply_knob(self._pending_knob)
             self._pending_knob = None
-        self.round_len = self.round_length()
         self.selected = self.select_partitions(self.round)
+        self.round_len = self.round_length()
+        self.my_local_steps = self.local_steps_of(self.ctx.rank)
         self.steps_in_round = 0
         return sorted(set(self.selected) - self.holders)
 
@@ -271,13 +297,14 @@ class FedAvg(Algorithm):
             torch.sub(self.global_w, self.flat.data, out=delta)          # w_t - w^k
             diag[0] = torch.linalg.vector_norm(delta)
             diag[1] = 1.0
-            delta.mul_(p)
-            pack_into(self.flat.float_buffers, self.wire[n:])
-            self.wire[n:].mul_(p)
+            bufs = self.wire[n:n + self.nbuf]
+            self.contribute(delta, p)                                    # p_k (w_t - w^k)
+            pack_into(self.flat.float_buffers, bufs)
+            bufs.mul_(p)
             self._average(self.wire, sel)
-            self.server_update(delta)                                    # w_{t+1}
+            self.server_update(self.aggregate(delta))                    # w_{t+1}
             self.flat.data.copy_(self.global_w)
-            unpack_from(self.wire[n:], self.flat.float_buffers)
+            unpack_from(bufs, self.flat.float_buffers)
             diag[2] = torch.linalg.vector_norm(self.global_w) / len(sel)
         self.comm.meta_all_reduce(diag)
         self.end_round(diag.tolist())
@@ -293,6 +320,17 @@ class FedAvg(Algorithm):
         self.steps_in_round = 0
         self.syncs += 1
         self.round += 1
+
+    def contribute(self, delta: torch.Tensor, p: float) -> None:
+        """Turn this participant's local change ``delta = w_t - w^k`` (in place) and the ``wire_extra``
+        scalars after the buffers into what it adds to the round's sum: ``p_k * delta`` (FedNova
+        overrides: normalized by its local steps)."""
+        delta.mul_(p)
+
+    def aggregate(self, summed: torch.Tensor) -> torch.Tensor:
+        """The averaged update the server applies, from the participants' summed contributions
+        (``summed`` is the start of the wire; the extra scalars follow the buffers). FedAvg: the sum itself."""
+        return summed
 
     def server_update(self, delta: torch.Tensor) -> None:
         """w_{t+1} = w_t - delta (plain model averaging). FedAvgM overrides."""
@@ -335,6 +373,7 @@ class FedAvg(Algorithm):
             self._pending_knob = None
             self.apply_knob(float(value))
             self.round_len = self.round_length()
+            self.my_local_steps = self.local_steps_of(self.ctx.rank)
         else:
             self._pending_knob = float(value)
 
@@ -363,8 +402,9 @@ class FedAvg(Algorithm):
         self.round = int(state["round"])
         self.holders = frozenset(int(r) for r in state["holders"])
         self.syncs = int(state["syncs"])
-        self.round_len = self.round_length()
         self.selected = self.select_partitions(self.round)
+        self.round_len = self.round_length()
+        self.my_local_steps = self.local_steps_of(self.ctx.rank)
         self.steps_in_round = int(state["steps_in_round"])
         self._pending_knob = state.get("pending_theta")
         self.on_round_start()

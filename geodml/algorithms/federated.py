@@ -2,7 +2,7 @@
 
 The variants are cooperative subclasses of geodml.algorithms.fedavg.FedAvg, one concept each
 (FedAvgM: server momentum, FedProx: proximal term, FedIR: importance weights, IWDS: decaying
-imbalance weights, FedVC: virtual clients). This module chooses and composes them, so that FedAvg
+imbalance weights, FedVC: virtual clients, FedNova: normalized averaging). This module chooses and composes them, so that FedAvg
 itself never imports its subclasses; the registry (geodml.algorithms.REGISTRY) names
 :class:`FedAvgFamily` for ``fedavg``.
 
@@ -10,8 +10,12 @@ Which flags select which variant:
 
 * any server-optimizer setting (``--server-momentum > 0``, ``--server-lr != 1``,
   ``--server-nesterov``) -> FedAvgM (beta = 0 with server_lr != 1 is server SGD);
-* ``--prox-mu > 0`` -> FedProx;  ``--fedir`` -> FedIR;  ``--iwds b0,bm,rho`` -> IWDS;
+* ``--prox-mu > 0`` -> FedProx;  ``--fedir`` -> FedIR;  ``--iwds b0,bm,rho`` -> IWDS (``--iwds-mode``:
+  resample or reweight);  ``--fednova`` -> FedNova;
 * ``--virtual-client-size > 0`` -> FedVC (its round length replaces ``--iter-local``).
+
+``--local-epochs E`` is no variant: it sets FedAvg's own round structure (ceil(E n_k / B) local
+steps per participant), which every variant inherits.
 
 RunConfig has validated every value and rejected ``--fedir`` with ``--iwds`` (both set the
 per-class loss weights); settings that do nothing here are warned about.
@@ -26,6 +30,7 @@ from geodml.algorithms.base import AlgoContext, FlatParams
 from geodml.algorithms.fedavg import ITER_LOCAL, FedAvg
 from geodml.algorithms.fedavgm import FedAvgM
 from geodml.algorithms.fedir import FedIR
+from geodml.algorithms.fednova import FedNova
 from geodml.algorithms.fedprox import FedProx
 from geodml.algorithms.fedvc import FedVC
 from geodml.algorithms.iwds import IWDS
@@ -40,13 +45,13 @@ _ITER_LOCAL_DEFAULT = AlgoConfig.__dataclass_fields__["iter_local"].default
 
 
 def variant_class(*, fedavgm: bool = False, fedprox: bool = False, fedir: bool = False, iwds: bool = False,
-                  fedvc: bool = False) -> type[FedAvg]:
+                  fedvc: bool = False, fednova: bool = False) -> type[FedAvg]:
     """FedAvg with the chosen variants mixed in (cooperative subclasses; each overrides its own
     hooks and calls ``super()``). FedIR and IWDS both set the per-class loss weights: rejected."""
     if fedir and iwds:
         raise ValueError("FedIR and IWDS both set the per-class loss weights; choose one")
     chosen: list[type[FedAvg]] = [c for c, on in ((FedVC, fedvc), (FedIR, fedir), (IWDS, iwds), (FedProx, fedprox),
-                                                  (FedAvgM, fedavgm)) if on]
+                                                  (FedNova, fednova), (FedAvgM, fedavgm)) if on]
     if not chosen:
         return FedAvg
     if len(chosen) == 1:
@@ -61,21 +66,30 @@ def build_fedavg(cfg: RunConfig, *, flat: FlatParams, comm: Comm, ctx: AlgoConte
     if a.server_nesterov and a.server_momentum == 0:
         warnings.warn("--server-nesterov does nothing with --server-momentum 0", stacklevel=3)
     kw: dict[str, Any] = dict(flat=flat, comm=comm, momentum=cfg.optim.momentum, ctx=ctx, iter_local=a.iter_local,
-                              reset_momentum=a.reset_momentum, client_fraction=a.client_fraction)
+                              reset_momentum=a.reset_momentum, client_fraction=a.client_fraction,
+                              local_epochs=a.local_epochs)
     server = a.server_momentum > 0 or a.server_lr != 1.0 or a.server_nesterov
     if server:
         kw.update(server_momentum=a.server_momentum, server_lr=a.server_lr, nesterov=a.server_nesterov)
     if a.prox_mu > 0:
         kw.update(prox_mu=a.prox_mu)
     if a.iwds is not None:
-        kw.update(iwds=tuple(a.iwds))
+        kw.update(iwds=tuple(a.iwds), iwds_mode=a.iwds_mode)
+    elif a.iwds_mode != "reweight":
+        warnings.warn(f"--iwds-mode {a.iwds_mode} does nothing without --iwds", stacklevel=3)
+    if a.fednova and a.reset_momentum:
+        warnings.warn("--reset-momentum does nothing with --fednova: FedNova always resets the local momentum "
+                      "every round", stacklevel=3)
+    if a.local_epochs > 0 and a.iter_local != _ITER_LOCAL_DEFAULT:
+        warnings.warn(f"--iter-local {a.iter_local} is ignored with --local-epochs: participant k takes "
+                      f"ceil({a.local_epochs:g} * n_k / batch size) steps per round", stacklevel=3)
     if a.virtual_client_size > 0:
         kw.update(virtual_client_size=a.virtual_client_size)
         if a.iter_local != _ITER_LOCAL_DEFAULT:
             warnings.warn(f"--iter-local {a.iter_local} is ignored with --virtual-client-size: a FedVC round is "
                           f"ceil({a.virtual_client_size} / batch size) steps", stacklevel=3)
     klass = variant_class(fedavgm=server, fedprox=a.prox_mu > 0, fedir=a.fedir, iwds=a.iwds is not None,
-                          fedvc=a.virtual_client_size > 0)
+                          fedvc=a.virtual_client_size > 0, fednova=a.fednova)
     return klass(**kw)
 
 

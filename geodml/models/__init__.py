@@ -8,6 +8,9 @@
 * ``resnet20`` -- He et al. 2016's CIFAR ResNet-20 with BatchNorm or GroupNorm, Quagmire §4-§5.
 * ``logreg``   -- multinomial logistic regression.
 * ``mlp``      -- McMahan et al. 2017's 2NN (200-200).
+* ``cifar-cnn`` -- McMahan et al. 2017's CIFAR-10 CNN, the TensorFlow tutorial's network (two 5x5x64
+  convolutions, 3x3/2 max-pools, LRN, fully connected 384 and 192), as Hsu et al. 2019 use it
+  (geodml.models.cifar_cnn).
 
 Every rank of a run builds its model with ``build_model(..., generator_seed=run_seed)``
 and so starts from bit-identical weights without any broadcast, and without disturbing
@@ -24,14 +27,15 @@ from torch import nn
 
 from geodml.config import MODEL_NORMS, NORMS, ModelConfig
 from geodml.config import MODELS as MODEL_NAMES  # the registries are geodml.config's (the one validator)
+from geodml.models.cifar_cnn import CifarCNN
 from geodml.models.cnn import CNN
 from geodml.models.lenet import LeNet
 from geodml.models.norms import GROUP_SIZE, BatchReNormSchedule
 from geodml.models.resnet import ResNet20
 from geodml.models.simple import MLP, LogisticRegression
 
-__all__ = ["BatchReNormSchedule", "CNN", "build_from_config", "GROUP_SIZE", "LeNet", "LogisticRegression", "MLP", "MODEL_NAMES",
-           "MODEL_NORMS", "NORMS", "ResNet20", "build_model", "count_parameters"]
+__all__ = ["BatchReNormSchedule", "CifarCNN", "CNN", "build_from_config", "GROUP_SIZE", "LeNet",
+           "LogisticRegression", "MLP", "MODEL_NAMES", "MODEL_NORMS", "NORMS", "ResNet20", "build_model", "count_parameters"]
 
 
 def _construct(name: str, norm: str, input_shape: tuple[int, int, int], num_classes: int, *,
@@ -43,6 +47,8 @@ def _construct(name: str, norm: str, input_shape: tuple[int, int, int], num_clas
         return CNN(channels, height, width, num_classes, norm, group_size=group_size, groups=groups)
     if name == "resnet20":
         return ResNet20(channels, num_classes, norm, group_size=group_size, groups=groups)
+    if name == "cifar-cnn":
+        return CifarCNN(channels, height, width, num_classes)
     in_features = math.prod(input_shape)
     if name == "logreg":
         return LogisticRegression(in_features, num_classes)
