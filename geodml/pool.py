@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from geodml import rundir
+from geodml.algorithms.fedavg import pack_into, unpack_from
 from geodml.config import RunConfig
 from geodml.runtime import Env
 
@@ -96,13 +97,11 @@ class _Worker:
         self.nbuf = sum(b.numel() for b in self.buffers)
 
     def load(self, weights: torch.Tensor, buffers: torch.Tensor) -> None:
-        from geodml.algorithms.fedavg import unpack_from
         self.flat.data.copy_(weights)
         if self.nbuf:
             unpack_from(buffers, self.buffers)
 
     def store(self, weights: torch.Tensor, buffers: torch.Tensor) -> None:
-        from geodml.algorithms.fedavg import pack_into
         weights.copy_(self.flat.data)
         if self.nbuf:
             pack_into(self.buffers, buffers)
@@ -142,7 +141,6 @@ class Pool:
         self.n = n
         self.global_buf = torch.zeros(nb, dtype=flat.data.dtype)           # the global BatchNorm buffers
         if nb:
-            from geodml.algorithms.fedavg import pack_into
             pack_into(self.w.buffers, self.global_buf)
         self.u: dict[int, torch.Tensor] = {}                                 # u^k of partitions that took part
         # what each hosted partition holds: the global model of round held[k] (a shared snapshot)
@@ -156,6 +154,8 @@ class Pool:
         self.seen = dict.fromkeys(self.hosted, 0)
         self.slots = torch.empty(0)       # [participants here, n + nb]: weights and buffers of this round's
         self.slot_u: list[torch.Tensor] = []
+        self.slot_ctx: list = []
+        self.scratch_u: list[torch.Tensor] = []  # the slots' momentum under --reset-momentum
         self.part: list[int] = []          # this round's hosted participants, in rank order
         self.sink = None
         if env.rank == 0:
@@ -186,7 +186,6 @@ class Pool:
     # ---- the round -------------------------------------------------------------------------
     def _begin_round(self) -> None:
         """FedAvg._begin_round for every hosted partition: downloads, the participants' slots."""
-        from geodml.algorithms.fedavg import pack_into
         algo = self.algo
         stale = algo.plan_round()
         if stale:
@@ -202,38 +201,39 @@ class Pool:
                     self.comm(dst).recv(src, "model", step=tag)
             algo.holders = algo.holders | frozenset(stale)
             algo.download_count += int(self.hosted.start == 0 and 0 in stale)
+        self._fill_slots()
+        algo.on_round_start()
+
+    def _fill_slots(self) -> None:
+        """This round's hosted participants each get a slot holding w_t, its context and its
+        momentum (its own u^k; a reused scratch buffer, zeroed, under --reset-momentum)."""
+        algo, n = self.algo, self.n
         self.part = [k for k in algo.selected if k in self.hosted]
-        m, n = len(self.part), self.n
+        m = len(self.part)
         if self.slots.shape[0] < m:
             self.slots = torch.empty((m, n + self.w.nbuf), dtype=algo.flat.data.dtype)
-        self.slot_u = []
+        while len(self.scratch_u) < (m if algo.reset_momentum else 0):
+            self.scratch_u.append(torch.zeros(n, dtype=algo.flat.data.dtype))
+        self.slot_u, self.slot_ctx = [], []
         for i, k in enumerate(self.part):
             self.slots[i, :n].copy_(algo.global_w)
             self.slots[i, n:].copy_(self.global_buf)
             if algo.reset_momentum:
-                u = self._scratch_u(i)
+                u = self.scratch_u[i]
                 u.zero_()
             else:
                 u = self.u.get(k)
                 if u is None:
                     u = self.u[k] = torch.zeros(n, dtype=algo.flat.data.dtype)
             self.slot_u.append(u)
-        algo.on_round_start()
-
-    def _scratch_u(self, i: int) -> torch.Tensor:
-        """Slot i's momentum under --reset-momentum (no partition keeps one between rounds)."""
-        store = self.u  # keys -1, -2, ...: slots, not partitions
-        u = store.get(-1 - i)
-        if u is None:
-            u = store[-1 - i] = torch.zeros(self.n, dtype=self.algo.flat.data.dtype)
-        return u
+            self.slot_ctx.append(dataclasses.replace(self.ctx, rank=k))
 
     def _train_step(self, step: int, lr: float) -> None:
         from geodml.trainer import local_gradient
         algo, w, n = self.algo, self.w, self.n
         for i, k in enumerate(self.part):
             w.load(self.slots[i, :n], self.slots[i, n:])
-            algo.ctx = dataclasses.replace(self.ctx, rank=k)
+            algo.ctx = self.slot_ctx[i]
             algo.u = self.slot_u[i]
             loss, correct, compute_s = local_gradient(w, algo.batch_indices(step, self.samplers[k]),
                                                       lambda labels: algo.sample_weights(labels, step))
@@ -370,8 +370,7 @@ class Pool:
         from geodml.trainer import learning_rate
         algo, cfg = self.algo, self.cfg
         self.w.model.train()
-        self.part = [k for k in algo.selected if k in self.hosted]
-        self._begin_round_zero()
+        self._fill_slots()  # round 0 was planned by FedAvg's constructor: every partition holds w_0
         lr = cfg.optim.lr
         step = 0
         while step < self.total_steps:
@@ -389,19 +388,6 @@ class Pool:
         if algo.steps_in_round > 0:
             self._synchronize()
         return self._finish(step, lr)
-
-    def _begin_round_zero(self) -> None:
-        """Round 0 was planned by FedAvg's constructor (every partition holds w_0): the slots only."""
-        algo, n = self.algo, self.n
-        m = len(self.part)
-        self.slots = torch.empty((m, n + self.w.nbuf), dtype=algo.flat.data.dtype)
-        self.slot_u = []
-        for i, k in enumerate(self.part):
-            self.slots[i, :n].copy_(algo.global_w)
-            self.slots[i, n:].copy_(self.global_buf)
-            u = self._scratch_u(i) if algo.reset_momentum else self.u.setdefault(k, torch.zeros(n))
-            u.zero_()
-            self.slot_u.append(u)
 
     def _finish(self, step: int, lr: float) -> dict:
         from geodml.trainer import evaluate
