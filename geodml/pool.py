@@ -31,6 +31,11 @@ values in the same order, the sums over partitions in rank order in float64 (geo
 Evaluation mid-round with client sampling averages every partition's current weights, as the
 threads engine does (the snapshots stand in for the partitions that sat out).
 
+``--vmap`` computes a step's participants' gradients in one ``torch.func.vmap`` call
+(geodml.stacked) instead of one participant after another; weight decay and the algorithm's
+hooks stay per participant. Its weights agree with the loop's to float32 rounding, not bit for
+bit, and it measured no faster on the CPU (tests/test_stacked.py, docs/performance.md).
+
 Scope: ``--algo fedavg`` with client sampling, FedAvgM, FedProx and ``--reset-momentum``, on the
 CPU, ``--wan off|virtual``, models without BatchNorm/BatchReNorm. FedIR, IWDS and FedVC
 (per-partition tables in their algorithm objects), FedNova and ``--local-epochs``, SkewScout,
@@ -157,6 +162,11 @@ class Pool:
         self.slot_ctx: list = []
         self.scratch_u: list[torch.Tensor] = []  # the slots' momentum under --reset-momentum
         self.part: list[int] = []          # this round's hosted participants, in rank order
+        self.stacked = None                # --vmap: geodml.stacked.StackedGradient and its step buffers
+        if cfg.vmap:
+            from geodml.stacked import StackedGradient
+            self.stacked = StackedGradient(model)
+            self.grads = self.sidx = self.sx = self.sy = torch.empty(0)
         self.sink = None
         if env.rank == 0:
             from geodml.parts import _rank0_sinks
@@ -229,6 +239,9 @@ class Pool:
             self.slot_ctx.append(dataclasses.replace(self.ctx, rank=k))
 
     def _train_step(self, step: int, lr: float) -> None:
+        if self.stacked is not None:
+            self._train_step_stacked(step, lr)
+            return
         from geodml.trainer import local_gradient
         algo, w, n = self.algo, self.w, self.n
         for i, k in enumerate(self.part):
@@ -245,6 +258,46 @@ class Pool:
             self.loss_count[k] += 1
             self.correct[k] += correct
             self.seen[k] += len(w.yb)
+        algo.steps_in_round += 1
+
+    def _train_step_stacked(self, step: int, lr: float) -> None:
+        """``_train_step`` with the participants' gradients from one vmap call (geodml.stacked);
+        weight decay and the algorithm's hooks as in the loop, participant by participant."""
+        algo, w, n, m = self.algo, self.w, self.n, len(self.part)
+        if m == 0:
+            algo.steps_in_round += 1
+            return
+        flat, b = algo.flat, self.cfg.optim.batch_size
+        if self.grads.shape[0] < m:
+            self.grads = torch.empty((m, n), dtype=flat.data.dtype)
+            self.sidx = torch.empty(m * b, dtype=torch.int64)
+            self.sx = torch.empty((m * b, *w.train_x.shape[1:]), dtype=w.train_x.dtype)
+            self.sy = torch.empty(m * b, dtype=w.train_y.dtype)
+        for i, k in enumerate(self.part):
+            algo.ctx = self.slot_ctx[i]
+            self.sidx[i * b:(i + 1) * b].copy_(torch.from_numpy(algo.batch_indices(step, self.samplers[k])))
+        idx, x, y = self.sidx[:m * b], self.sx[:m * b], self.sy[:m * b]
+        torch.index_select(w.train_x, 0, idx, out=x)
+        torch.index_select(w.train_y, 0, idx, out=y)
+        assert self.stacked is not None
+        losses, correct, compute_s = self.stacked(self.slots[:m, :n], x.view(m, b, *x.shape[1:]), y.view(m, b),
+                                                  self.grads[:m])
+        wd = self.cfg.optim.weight_decay
+        for i, k in enumerate(self.part):
+            flat.data.copy_(self.slots[i, :n])
+            flat.grad.copy_(self.grads[i])
+            if wd:
+                flat.grad.add_(flat.data, alpha=wd)
+            self.comm(k).advance_compute(compute_s / m)
+            algo.ctx = self.slot_ctx[i]
+            algo.u = self.slot_u[i]
+            algo.before_step(step, lr)
+            algo.local_update(step, lr)
+            self.slots[i, :n].copy_(flat.data)
+            self.loss_sum[k] += float(losses[i])
+            self.loss_count[k] += 1
+            self.correct[k] += int(correct[i])
+            self.seen[k] += b
         algo.steps_in_round += 1
 
     def _synchronize(self) -> None:

@@ -89,6 +89,11 @@ def check_partitions(cfg: RunConfig, env: Env) -> int:
         why = pool_refusal(cfg)
         if why is not None:
             raise ValueError(f"--engine pool does not run {why}; use --engine threads (or auto)")
+    if cfg.vmap and engine(cfg, partitions, env.world_size) != "pool":
+        from geodml.pool import pool_refusal
+        why = ("--engine threads" if cfg.engine == "threads" else pool_refusal(cfg)
+               or f"one partition per process (--partitions {partitions} over {env.world_size} process(es))")
+        raise ValueError(f"--vmap needs the pool engine, which this run does not use: {why}")
     if partitions > env.world_size and cfg.device == "cuda":
         raise ValueError(f"--device cuda with --partitions {partitions} over {env.world_size} process(es) is not "
                          "supported yet: hosted partitions train on the CPU; use --device cpu (or auto), or one "

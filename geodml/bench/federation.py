@@ -162,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=0, help="steps per run (default 100; quick 60)")
     p.add_argument("--model", default="lenet")
     p.add_argument("--no-gaia-dgc", action="store_true", help="skip Gaia and DGC at P = 100")
+    p.add_argument("--vmap", action="store_true", help="also FedAvg at P = 100 with --vmap (geodml.stacked)")
     a = p.parse_args(argv)
     ps = [16, 100] if a.quick else [int(x) for x in a.ps.split(",") if x]
     rs = [int(x) for x in a.rs.split(",") if x]
@@ -170,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         raise ValueError(f"--steps must be >= {3 * ITER_LOCAL} (three FedAvg rounds, one of them warm-up)")
     dataset = _dataset()
     configs = [Config("fedavg", P, R, ("--reset-momentum",) if P >= 10000 else ()) for P in ps for R in rs if R <= P]
+    if a.vmap:
+        configs += [Config("fedavg", 100, R, ("--vmap",)) for R in rs]
     if not a.no_gaia_dgc:
         configs += [Config(algo, 100, R) for algo in ("gaia", "dgc") for R in rs]
     own = own_state_bytes(a.model, dataset)
@@ -183,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             rate, peak = measure(cfg, steps, Path(tmp), dataset, a.model)
             floor = plain_loop(cfg, steps, dataset, a.model)
             state = cfg.partitions * own
-            rows.append([cfg.algo + (" reset" if cfg.extra else ""), cfg.partitions, cfg.processes, rate, floor,
+            rows.append([" ".join([cfg.algo, *(f.lstrip("-") for f in cfg.extra)]), cfg.partitions, cfg.processes, rate, floor,
                          rate / floor, peak / 2**20, fixed[cfg.processes] / 2**20, state / 2**20,
                          (peak - fixed[cfg.processes]) / state, load])
             print(format_table(["algo", "P", "R", "geodml ps/s", "loop ps/s", "x loop", "peak MiB", "fixed MiB",
