@@ -16,7 +16,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from geodml.comm.api import RunComm
     from geodml.comm.topology import Topology
     from geodml.data.datasets import Dataset
-    from geodml.metrics.prometheus import RankExporter
+    from geodml.metrics.prometheus import PartitionSource, RankExporter
     from geodml.metrics.sinks import Sink
     from geodml.skewscout import SkewScout
     from geodml.trainer import EvalCache, Trainer
@@ -134,6 +134,48 @@ def _start_exporter(cfg: RunConfig, env: Env, comm: RunComm, out: Path, device: 
     return exporter
 
 
+def start_process_exporter(cfg: RunConfig, env: Env, out: Path, stack: ExitStack, *, partitions: int,
+                           wire_rejected: Callable[[], dict[str, int]] | None) -> RankExporter | None:
+    """This process's one Prometheus exporter for the partitions it hosts (``--metrics-port`` +
+    local rank; collective over the processes), labelled by partition up to
+    PARTITION_LABEL_LIMIT partitions, by process and region above; process 0 writes the file_sd
+    targets. Partitions join it with ``RankExporter.add_partition`` (build_parts)."""
+    if not cfg.metrics_port:
+        return None
+    import torch.distributed as dist
+
+    from geodml.metrics.prometheus import PARTITION_LABEL_LIMIT, RankExporter, process_sd_groups, start_together
+
+    def all_gather(obj: object) -> list:
+        if env.world_size == 1:
+            return [obj]
+        got: list = [None] * env.world_size
+        dist.all_gather_object(got, obj)
+        return got
+
+    by_region = partitions > PARTITION_LABEL_LIMIT
+    exporter = RankExporter(device=torch.device("cpu"), wire_rejected=wire_rejected,
+                            group_by_region=env.rank if by_region else None)
+    targets = start_together(exporter, all_gather, who=f"process {env.rank}", index=env.rank, local_index=env.local_rank,
+                             base_port=cfg.metrics_port, host=cfg.metrics_host)
+    stack.push(_linger_then_stop(exporter, cfg, env.rank == 0))
+    if env.rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        rundir.write_json(out / rundir.PROMETHEUS_TARGETS, process_sd_groups(targets, run=out.name, algo=cfg.algo.algo))
+        how = (f"by process and region (more than {PARTITION_LABEL_LIMIT} partitions)" if by_region
+               else "by partition")
+        print(f"metrics: Prometheus exporters at {', '.join(targets)}, one per process, labelled {how} (file_sd: "
+              f"{out / rundir.PROMETHEUS_TARGETS})", flush=True)
+    return exporter
+
+
+def partition_source(exporter: RankExporter, cfg: RunConfig, comm: RunComm, rank: int, out: Path) -> PartitionSource:
+    """Hosted partition ``rank``'s source in its process's exporter."""
+    return exporter.add_partition(labels={"rank": rank, "region": comm.region_of_rank[rank], "algo": cfg.algo.algo,
+                                          "run": out.name},
+                                  ledger_rows=comm.ledger.rows, emulated_s=lambda: float(comm.emulated_s))
+
+
 def _rank0_sinks(cfg: RunConfig, out: Path, total_steps: int) -> Sink:
     from geodml.metrics.sinks import ConsoleProgress, JsonlSink, MultiSink
     sinks: list[Sink] = [JsonlSink(out / rundir.METRICS)]
@@ -163,7 +205,8 @@ def write_run_header(cfg: RunConfig, pre: Preflight, out: Path, *, comm: RunComm
 
 
 def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: torch.device, stack: ExitStack,
-                startup: Startup, comm: RunComm | None = None, eval_cache: EvalCache | None = None) -> Parts:
+                startup: Startup, comm: RunComm | None = None, eval_cache: EvalCache | None = None,
+                host_exporter: RankExporter | None = None) -> Parts:
     """Build every part of this rank's run (collective: every rank calls it in the same order).
     ``env`` is the partition's view (rank = partition, world size = partitions); ``comm``, when
     given, is the partition's in-process Comm (geodml.run hosts several partitions in one process)."""
@@ -183,7 +226,9 @@ def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: 
                           topology=pre.topology)
     stack.callback(comm.close)
     startup.lap("zmq_mesh_s")
-    exporter = _start_exporter(cfg, env, comm, out, device, stack)
+    exporter: RankExporter | PartitionSource | None = (
+        partition_source(host_exporter, cfg, comm, rank, out) if host_exporter is not None
+        else _start_exporter(cfg, env, comm, out, device, stack))
 
     # Data: decoded and partitioned by the preflight (every rank computed ALL partitions from the seed).
     ds, parts = pre.dataset, pre.partitions

@@ -48,6 +48,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -62,6 +63,7 @@ from geodml.runtime import Env
 if TYPE_CHECKING:
     from geodml.algorithms.fedavg import FedAvg
     from geodml.comm.inprocess import InProcessComm, InProcessGroup
+    from geodml.metrics.prometheus import RankExporter
     from geodml.parts import Preflight, Startup
 
 
@@ -80,8 +82,6 @@ def pool_refusal(cfg: RunConfig) -> str | None:
         return "checkpoints (--checkpoint-every/--resume)"
     if cfg.comm.wan == "real":
         return "--wan real"
-    if cfg.metrics_port:
-        return "--metrics-port"
     if cfg.model.norm in ("batch", "batchrenorm"):
         return f"--norm {cfg.model.norm} (per-partition step counters in the normalization layers)"
     if cfg.device == "cuda":
@@ -112,11 +112,26 @@ class _Worker:
             pack_into(self.buffers, buffers)
 
 
+class _Progress:
+    """What the Prometheus exporter reads of a pooled partition (the threads engine's TrainState):
+    the run's step and the partition's own mean training loss over its last log interval with steps."""
+
+    __slots__ = ("pool", "local_train_loss")
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        self.local_train_loss = float("nan")
+
+    @property
+    def step(self) -> int:
+        return self.pool.step
+
+
 class Pool:
     """One process's block of FedAvg partitions (module docstring). Build, then :meth:`run`."""
 
     def __init__(self, cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, group: InProcessGroup,
-                 startup: Startup) -> None:
+                 startup: Startup, exporter: RankExporter | None = None) -> None:
         from geodml.algorithms import AlgoContext, FlatParams, build_algorithm
         from geodml.data.partition import partition_report
         from geodml.models import build_from_config
@@ -176,6 +191,15 @@ class Pool:
         else:
             from geodml.metrics.sinks import Sink
             self.sink = Sink()
+        self.step = 0
+        self.progress: dict[int, _Progress] = {}
+        if exporter is not None:  # read at scrape time, nothing per step
+            from geodml.metrics.sinks import MultiSink
+            from geodml.parts import partition_source
+            for k in self.hosted:
+                self.progress[k] = _Progress(self)
+                partition_source(exporter, cfg, group.comm(k), k, out).watch(state=self.progress[k], algo=self.algo)
+            self.sink = MultiSink([self.sink, exporter])
         self.wall_t0 = time.monotonic()
 
     # ---- helpers ---------------------------------------------------------------------------
@@ -384,6 +408,8 @@ class Pool:
         if with_eval:
             rec["val_accuracy"], rec["val_loss"] = self._evaluate_global()
         for k in self.hosted:
+            if self.progress and self.loss_count[k]:
+                self.progress[k].local_train_loss = self.loss_sum[k] / self.loss_count[k]
             self.loss_sum[k], self.loss_count[k], self.correct[k], self.seen[k] = 0.0, 0, 0, 0
         assert self.sink is not None
         self.sink.log(rec)
@@ -434,6 +460,7 @@ class Pool:
                 if step + 1 < self.total_steps:
                     self._begin_round()
             step += 1
+            self.step = step
             if step < self.total_steps:
                 do_eval = step % cfg.eval_every == 0
                 if do_eval or step % cfg.log_every == 0:
@@ -491,7 +518,8 @@ def run_pool(cfg: RunConfig, env: Env, pre: Preflight) -> dict | None:
     from geodml.comm.collectives import ring_allreduce_wan_bytes
     from geodml.comm.crossproc import blocks
     from geodml.comm.ledger import Ledger
-    from geodml.parts import Startup
+    from geodml.metrics.prometheus import MetricsError
+    from geodml.parts import Startup, start_process_exporter
     from geodml.run import InputError, _joined, _limit_malloc_arenas
 
     torch.set_num_threads(cfg.threads)
@@ -499,15 +527,17 @@ def run_pool(cfg: RunConfig, env: Env, pre: Preflight) -> dict | None:
     P, R = len(pre.partitions), env.world_size
     wall_t0 = time.monotonic()
     startup = Startup()
-    with _joined(cfg, env, "gloo", "cpu") as (_, out):
+    with _joined(cfg, env, "gloo", "cpu") as (_, out), ExitStack() as stack:
         startup.lap("process_group_s")
         group = build_hosted_group(cfg.comm, partitions=P, process=env.rank, processes=R, topology=pre.topology)
         try:
             startup.lap("zmq_mesh_s")
             startup.moved_to_preflight("data_s", pre.data_s)
             try:
-                pool = Pool(cfg, env, pre, out=out, group=group, startup=startup)
-            except ValueError as exc:
+                exporter = start_process_exporter(cfg, env, out, stack, partitions=P, wire_rejected=(
+                    group.cross.wire_rejected if group.cross is not None else None))
+                pool = Pool(cfg, env, pre, out=out, group=group, startup=startup, exporter=exporter)
+            except (ValueError, MetricsError) as exc:
                 raise InputError(str(exc)) from None
             startup.lap("model_s")
             startup.done()

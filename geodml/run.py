@@ -26,12 +26,13 @@ import torch
 from geodml import rundir
 from geodml.comm.api import CommError
 from geodml.config import RunConfig
-from geodml.parts import Parts, Preflight, Startup, build_parts
+from geodml.parts import Parts, Preflight, Startup, build_parts, start_process_exporter
 from geodml.runtime import Env
 
 if TYPE_CHECKING:
     from geodml.comm.api import RunComm
     from geodml.data.datasets import Dataset
+    from geodml.metrics.prometheus import RankExporter
     from geodml.trainer import EvalCache
 
 
@@ -77,9 +78,9 @@ def preflight(cfg: RunConfig, env: Env, *, data: bool = True) -> Preflight:
 def check_partitions(cfg: RunConfig, env: Env) -> int:
     """The number of partitions P (``--partitions``, default the number of processes R). P = R: one
     partition per process. P > R: each process hosts a contiguous block of partitions as threads
-    over an in-process Comm linked to the other processes (geodml.comm.crossproc). Hosted
-    partitions on a GPU or with Prometheus exporters are not built yet: a clear error. Hosted
-    partitions train on the CPU."""
+    over an in-process Comm linked to the other processes (geodml.comm.crossproc), with one
+    Prometheus exporter per process. Hosted partitions on a GPU are not built yet: a clear error;
+    hosted partitions train on the CPU."""
     partitions = cfg.partitions or env.world_size
     if partitions < env.world_size:
         raise ValueError(f"--partitions {partitions} is fewer than the {env.world_size} processes; every process "
@@ -98,10 +99,6 @@ def check_partitions(cfg: RunConfig, env: Env) -> int:
         raise ValueError(f"--device cuda with --partitions {partitions} over {env.world_size} process(es) is not "
                          "supported yet: hosted partitions train on the CPU; use --device cpu (or auto), or one "
                          "process per GPU")
-    if partitions > env.world_size and cfg.metrics_port:
-        raise ValueError(f"--metrics-port with --partitions {partitions} over {env.world_size} process(es) is not "
-                         "supported yet (one exporter per process, labelled by partition, is still to come); leave "
-                         "--metrics-port 0")
     return partitions
 
 
@@ -208,12 +205,13 @@ def _joined(cfg: RunConfig, env: Env, backend: str, device: str) -> Iterator[tup
 
 
 def _train(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: torch.device, startup: Startup,
-           wall_t0: float, comm: RunComm | None = None, eval_cache: EvalCache | None = None) -> dict | None:
+           wall_t0: float, comm: RunComm | None = None, eval_cache: EvalCache | None = None,
+           host_exporter: RankExporter | None = None) -> dict | None:
     """Build one partition's parts, train, finish (closes what it opened); the summary on rank 0."""
     with ExitStack() as stack:
         try:
             parts = build_parts(cfg, env, pre, out=out, device=device, stack=stack, startup=startup, comm=comm,
-                                eval_cache=eval_cache)
+                                eval_cache=eval_cache, host_exporter=host_exporter)
         except ValueError as exc:  # set-up reads only inputs: a ValueError here is a bad input, not a bug
             raise InputError(str(exc)) from None
         startup.lap("model_s")
@@ -248,6 +246,7 @@ def _run_hosted(cfg: RunConfig, env: Env, pre: Preflight) -> dict | None:
     "rank p" of the run; partition 0 (in process 0) writes the run directory."""
     from geodml.comm import build_hosted_group
     from geodml.comm.crossproc import blocks
+    from geodml.metrics.prometheus import MetricsError
     from geodml.trainer import EvalCache
 
     torch.set_num_threads(cfg.threads)
@@ -258,19 +257,25 @@ def _run_hosted(cfg: RunConfig, env: Env, pre: Preflight) -> dict | None:
     summaries: dict[int, dict | None] = {}
     errors: list[BaseException] = []
     # Hosted partitions train on the CPU: a gloo group, whatever the host has.
-    with _joined(cfg, env, "gloo", "cpu") as (device, out):
+    with _joined(cfg, env, "gloo", "cpu") as (device, out), ExitStack() as stack:
         # The hosted partitions share this process's cores, so a wait on a peer may last as long as
         # the others' work in turn: the bound on any wait (--comm-timeout) is scaled by the block's size.
         group = build_hosted_group(dataclasses.replace(cfg.comm, timeout_s=cfg.comm.timeout_s * len(block)),
                                    partitions=P, process=env.rank, processes=R, topology=pre.topology)
         eval_cache = EvalCache()  # partitions holding the same model are evaluated once
+        try:
+            exporter = start_process_exporter(cfg, env, out, stack, partitions=P, wire_rejected=(
+                group.cross.wire_rejected if group.cross is not None else None))
+        except MetricsError as exc:
+            group.close()
+            raise InputError(str(exc)) from None
 
         def partition(p: int) -> None:
             penv = Env(rank=p, world_size=P, local_rank=p - block.start, local_world_size=len(block),
                        under_torchrun=False)
             try:
                 summaries[p] = _train(cfg, penv, pre, out=out, device=device, startup=Startup(), wall_t0=wall_t0,
-                                      comm=group.comm(p), eval_cache=eval_cache)
+                                      comm=group.comm(p), eval_cache=eval_cache, host_exporter=exporter)
             except BaseException as exc:  # noqa: BLE001 -- re-raised in the main thread
                 errors.append(exc)
                 group.abort(f"partition {p} failed: {type(exc).__name__}: {exc}")

@@ -224,6 +224,87 @@ def test_file_sd_groups_and_advertised_host():
     assert advertised_host("0.0.0.0") == socket.gethostname()
 
 
+class _Progress:
+    def __init__(self, step, loss):
+        self.step, self.local_train_loss = step, loss
+
+
+def test_a_process_exporter_sums_its_partitions_per_region():
+    """Above PARTITION_LABEL_LIMIT partitions: counters summed per (process, region), the clock and
+    steps their maximum, the loss its mean; process metrics once."""
+    x = RankExporter(group_by_region=3, wire_rejected=lambda: {"oversized": 2})
+    common = {"algo": "fedavg", "run": "r"}
+    eu_us = {"src_region": "eu", "dst_region": "us", "kind": "model"}
+    parts = [("eu", [{**eu_us, "bytes": 100, "messages": 1, "emulated_s": 0.5}], 4.0, 10, 1.0),
+             ("eu", [{**eu_us, "bytes": 30, "messages": 2, "emulated_s": 0.25},
+                     {"src_region": "eu", "dst_region": "eu", "kind": "model", "bytes": 7, "messages": 1,
+                      "emulated_s": 0.0}], 6.0, 10, 3.0),
+             ("us", [], 1.0, 10, float("nan"))]  # a partition with no loss yet: not in the mean
+    for k, (region, rows, clock, step, loss) in enumerate(parts):
+        src = x.add_partition(labels={"rank": k, "region": region, **common}, ledger_rows=lambda rows=rows: rows,
+                              emulated_s=lambda clock=clock: clock)
+        src.watch(state=_Progress(step, loss))
+    x.log({"val_accuracy": 0.5})
+    m: dict[str, list] = {}
+    for fam in text_string_to_metric_families(x.exposition().decode()):
+        for smp in fam.samples:
+            m.setdefault(smp.name, []).append(smp)
+
+    def by_region(name):
+        return {smp.labels["region"]: smp.value for smp in m[name]}
+
+    assert {smp.labels["rank"] for samples in m.values() for smp in samples} == {"p3"}
+    assert by_region("geodml_wan_sent_bytes_total") == {"eu": 130}
+    assert by_region("geodml_wan_messages_total") == {"eu": 3}
+    assert by_region("geodml_wan_emulated_seconds_total") == {"eu": 0.75}
+    assert by_region("geodml_lan_sent_bytes_total") == {"eu": 7}
+    assert by_region("geodml_emulated_time_seconds") == {"eu": 6.0, "us": 1.0}
+    assert by_region("geodml_steps_total") == {"eu": 10, "us": 10}
+    assert by_region("geodml_train_loss") == {"eu": 2.0}
+    assert by_region("geodml_validation_accuracy") == {"eu": 0.5, "us": 0.5}
+    assert len(m["geodml_process_resident_memory_bytes"]) == 1
+    assert [(smp.labels["reason"], smp.value) for smp in m["geodml_wire_rejected_messages_total"]] == [("oversized", 2)]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("engine,algo,by_region", [("threads", ["--algo", "gaia", "--t0", "0.05"], False),
+                                                    ("pool", ["--algo", "fedavg", "--client-fraction", "0.5",
+                                                              "--iter-local", "4"], True)])
+def test_hosted_partitions_are_served_by_one_exporter_per_process(tmp_path, monkeypatch, engine, algo, by_region):
+    """P = 4 on one process: one endpoint; by partition, or (the limit lowered to 2) by region;
+    the bytes it serves add up to summary.json's."""
+    import threading
+
+    import geodml.metrics.prometheus as prom
+    from geodml.cli import main
+
+    if by_region:
+        monkeypatch.setattr(prom, "PARTITION_LABEL_LIMIT", 2)
+    port, out = free_base(1), tmp_path / "run"
+    argv = ["--dataset", "digits", "--partitions", "4", "--steps", "12", "--wan", "virtual", "--no-progress",
+            "--engine", engine, *algo, "--metrics-port", str(port), "--metrics-linger", "5", "--out", str(out)]
+    rc: list[int] = []
+    runner = threading.Thread(target=lambda: rc.append(main(argv)), daemon=True)
+    runner.start()
+    deadline = time.monotonic() + 120
+    while not (out / "summary.json").exists():
+        assert runner.is_alive() and time.monotonic() < deadline, "the run ended or hung before its summary"
+        time.sleep(0.2)
+    time.sleep(0.5)  # summary.json is written whole, then the linger starts
+    m = _scrape(port)
+    summary = json.loads((out / "summary.json").read_text())
+    regions = json.loads((out / "config.json").read_text())["region_of_rank"]
+    ranks = {smp.labels["rank"] for samples in m.values() for smp in samples}
+    assert ranks == ({"p0"} if by_region else {"0", "1", "2", "3"})
+    assert {smp.labels["region"] for smp in m["geodml_steps_total"]} == set(regions)
+    assert all(smp.value == 12 for smp in m["geodml_steps_total"])
+    assert sum(smp.value for smp in m["geodml_wan_sent_bytes_total"]) == summary["wan_bytes_total"] > 0
+    assert json.loads((out / "prometheus_targets.json").read_text()) == [
+        {"targets": [f"127.0.0.1:{port}"], "labels": {"run": "run", "algo": algo[1], "process": "0"}}]
+    runner.join(timeout=60)  # the linger ends, the exporter stops, the run returns
+    assert rc == [0]
+
+
 def test_metrics_flags():
     cfg = parse_config(["--metrics-port", "9400", "--metrics-host", "0.0.0.0", "--metrics-linger", "2.5"])
     assert (cfg.metrics_port, cfg.metrics_host, cfg.metrics_linger_s) == (9400, "0.0.0.0", 2.5)

@@ -22,6 +22,19 @@ equals summary.json's ``wan_bytes_total``) and ``geodml_lan_sent_bytes_total`` t
 one region (``lan_bytes_total``). A value that does not exist yet (no evaluation so far, no
 SkewScout round) is absent, not zero.
 
+**Many partitions per process** (``--partitions P`` over R processes): one exporter per
+process (port ``--metrics-port`` + the process's local index) serves its hosted partitions.
+With P <= :data:`PARTITION_LABEL_LIMIT` every partition keeps its own samples, labelled
+``rank=<partition>`` as above. Above it, a process's partitions are summed per region and
+labelled ``rank="p<process>"``: counters summed, the emulated clock and steps their maximum, the
+training loss and SkewScout's accuracy loss their mean. The limit is the series count: a partition
+exports about (regions it sends to) x (kinds) x 4 link series plus 8 (about 70 with 5 regions and
+Gaia's kinds), so 100 partitions are some 7,000 series per scrape, and 10,000 partitions would be
+700,000, more than one scrape every few seconds should carry and than a dashboard can sum
+interactively; per region a process exports at most regions x (regions x kinds x 4 + 8) series
+whatever P is. Process metrics (CPU, memory, GPU, dropped ZeroMQ messages: one transport per
+process) appear once per exporter, labelled as its first partition or region.
+
 :func:`start_rank_exporter` starts the exporters of all ranks together (a collective): when
 any rank cannot listen, every rank raises the same error naming the ranks and ports, so a
 busy port never leaves half a job waiting. :func:`file_sd_groups` is the Prometheus file_sd
@@ -87,6 +100,10 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
 _LINK_VALUES = (("geodml_wan_sent_bytes_total", "bytes"), ("geodml_wan_messages_total", "messages"),
                 ("geodml_wan_emulated_seconds_total", "emulated_s"))
 
+PARTITION_LABEL_LIMIT = 100
+"""Runs with at most this many partitions label samples by partition; larger ones by process and
+region (module docstring: the series count)."""
+
 
 class MetricsError(RuntimeError):
     """An exporter could not start (port in use, address not available, ...)."""
@@ -109,37 +126,63 @@ class _Collector:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         x = self.x
-        common = [x.labels[k] for k in COMMON_LABELS]
         fams = {}
         for name, (kind, labels, doc) in METRICS.items():
             cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
             fams[name] = cls(name, doc, labels=list(labels))
+        groups = x.groups()
+        for labels, sources in groups:
+            self._partitions(fams, [labels[k] for k in COMMON_LABELS], sources)
+        if groups:
+            self._process(fams, [groups[0][0][k] for k in COMMON_LABELS])
+        # families with no sample are still described (HELP/TYPE): Prometheus ignores them
+        return list(fams.values())
 
-        for row in x._read(x.ledger_rows, []):
-            link = [row["src_region"], row["dst_region"], row["kind"]]
-            if row["src_region"] != row["dst_region"]:
-                for name, key in _LINK_VALUES:
-                    fams[name].add_metric(common + link, float(row.get(key, 0)))
+    def _partitions(self, fams: dict, common: list[str], sources: list["PartitionSource"]) -> None:
+        """One label set's samples: one partition's, or the sum of a process's partitions of one region."""
+        x = self.x
+        links: dict[tuple[str, str, str], list[float]] = {}
+        for src in sources:
+            for row in x._read(src.ledger_rows, []):
+                acc = links.setdefault((row["src_region"], row["dst_region"], row["kind"]), [0.0, 0.0, 0.0])
+                for i, key in enumerate(("bytes", "messages", "emulated_s")):
+                    acc[i] += float(row.get(key, 0))
+        for link, acc in links.items():
+            if link[0] != link[1]:
+                for (name, _), value in zip(_LINK_VALUES, acc):
+                    fams[name].add_metric(common + list(link), value)
             else:
-                fams["geodml_lan_sent_bytes_total"].add_metric(common + link, float(row["bytes"]))
+                fams["geodml_lan_sent_bytes_total"].add_metric(common + list(link), acc[0])
+
+        def put(name: str, values: list[Any], how: Callable[[list[float]], float], extra: list[str] | None = None) -> None:
+            finite = [float(v) for v in values if _finite(v)]
+            if finite:
+                fams[name].add_metric(common + (extra or []), how(finite))
+
+        def mean(v: list[float]) -> float:
+            return sum(v) / len(v)
+
+        put("geodml_emulated_time_seconds", [x._read(s.emulated_s) for s in sources], max)
+        put("geodml_steps_total", [s.state.step if s.state is not None else 0 for s in sources], max)
+        put("geodml_train_loss", [s.state.local_train_loss for s in sources if s.state is not None], mean)
+        put("geodml_validation_accuracy", [s.values.get("validation_accuracy") for s in sources], max)
+        put("geodml_skewscout_accuracy_loss",
+            [x._read(s.accuracy_loss) if s.accuracy_loss is not None else s.values.get("skewscout_accuracy_loss")
+             for s in sources], mean)
+        knob = next((s.algo.knob for s in sources if s.algo is not None and s.algo.knob is not None), None)
+        if knob is not None:
+            put("geodml_skewscout_theta", [x._read(knob.get)], max, [str(knob.name)])
+
+    def _process(self, fams: dict, common: list[str]) -> None:
+        """This process's own samples, once per exporter."""
+        x = self.x
 
         def put(name: str, value: Any, extra: list[str] | None = None) -> None:
             if _finite(value):
                 fams[name].add_metric(common + (extra or []), float(value))
 
-        put("geodml_emulated_time_seconds", x._read(x.emulated_s))
         for reason, count in (x._read(x.wire_rejected, {}) or {}).items():
             put("geodml_wire_rejected_messages_total", count, [reason])
-        state = x.state
-        put("geodml_steps_total", state.step if state is not None else 0)
-        if state is not None:
-            put("geodml_train_loss", state.local_train_loss)
-        put("geodml_validation_accuracy", x.values.get("validation_accuracy"))
-        put("geodml_skewscout_accuracy_loss",
-            x._read(x.accuracy_loss) if x.accuracy_loss is not None else x.values.get("skewscout_accuracy_loss"))
-        knob = x.algo.knob if x.algo is not None else None
-        if knob is not None:
-            put("geodml_skewscout_theta", x._read(knob.get), [str(knob.name)])
         proc = x._proc
         if proc is not None:
             cpu = x._read(proc.cpu_times)
@@ -153,8 +196,6 @@ class _Collector:
             import torch
             put("geodml_gpu_memory_allocated_bytes", x._read(lambda: torch.cuda.memory_allocated(dev)))
             put("geodml_gpu_memory_reserved_bytes", x._read(lambda: torch.cuda.memory_reserved(dev)))
-        # families with no sample are still described (HELP/TYPE): Prometheus ignores them
-        return list(fams.values())
 
 
 class _SilentHandler(WSGIRequestHandler):
@@ -166,43 +207,26 @@ class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True  # a slow scraper never keeps the process alive
 
 
-class RankExporter(Sink):
-    """One rank's exporter; also a :class:`Sink` (it keeps the last validation accuracy it sees).
+class PartitionSource(Sink):
+    """What one partition exports: its labels and readers of its live state; also a :class:`Sink`
+    (it keeps the last validation accuracy it sees).
 
     Sources may be attached later with :meth:`watch` (the trainer is built after the exporter
-    starts); until then only the ledger, the clock and the process metrics have samples.
-    ``close()`` (the Sink end) does nothing: the HTTP server stops with :meth:`stop`, after the
-    run's linger, so Prometheus can scrape the final values.
+    starts); until then only the ledger and the clock have samples.
     """
 
-    def __init__(self, *, labels: dict[str, str], ledger_rows: Callable[[], list[dict]] | None = None,
-                 emulated_s: Callable[[], float] | None = None, device: Any = None,
-                 wire_rejected: Callable[[], dict[str, int]] | None = None) -> None:
+    def __init__(self, *, labels: dict[str, Any], ledger_rows: Callable[[], list[dict]] | None = None,
+                 emulated_s: Callable[[], float] | None = None) -> None:
         missing = [k for k in COMMON_LABELS if k not in labels]
         assert not missing, f"exporter labels lack {missing}"
         self.labels = {k: str(v) for k, v in labels.items()}
         self.ledger_rows = ledger_rows
         self.emulated_s = emulated_s
-        self.wire_rejected = wire_rejected  # reason -> dropped ZeroMQ messages (Comm.wire_rejected)
-        self.device = device
         self.state: TrainState | None = None
         self.algo: Algorithm | None = None
         self.accuracy_loss: Callable[[], float | None] | None = None
         self.values: dict[str, float] = {}
-        self.address: str | None = None
-        self._server: WSGIServer | None = None
-        self._thread: threading.Thread | None = None
-        self._warned: set[str] = set()
-        try:
-            import psutil
-            self._proc = psutil.Process()
-        except Exception:  # psutil missing or refused: no process metrics, never a failed run
-            self._proc = None
-        from prometheus_client import CollectorRegistry
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_Collector(self))
 
-    # ---- sources -----------------------------------------------------------------------
     def watch(self, *, state: TrainState | None = None, algo: Algorithm | None = None,
               accuracy_loss: Callable[[], float | None] | None = None) -> None:
         """Attach the trainer's state (``step``, ``local_train_loss``), the algorithm (its
@@ -221,6 +245,67 @@ class RankExporter(Sink):
             self.values["validation_accuracy"] = float(record["val_accuracy"])
         if _finite(record.get("accuracy_loss")):
             self.values["skewscout_accuracy_loss"] = float(record["accuracy_loss"])
+
+
+class RankExporter(Sink):
+    """One process's exporter: one HTTP endpoint for the partitions it hosts.
+
+    Built with ``labels`` it exports one partition (one partition per process), and its
+    :meth:`watch` and :meth:`log` are that partition's. Built without, it hosts partitions added
+    with :meth:`add_partition`; ``group_by_region`` (the process's index) sums them per region
+    (module docstring). ``close()`` (the Sink end) does nothing: the HTTP server stops with
+    :meth:`stop`, after the run's linger, so Prometheus can scrape the final values.
+    """
+
+    def __init__(self, *, labels: dict[str, Any] | None = None, ledger_rows: Callable[[], list[dict]] | None = None,
+                 emulated_s: Callable[[], float] | None = None, device: Any = None,
+                 wire_rejected: Callable[[], dict[str, int]] | None = None,
+                 group_by_region: int | None = None) -> None:
+        self.sources: list[PartitionSource] = []
+        if labels is not None:
+            self.sources.append(PartitionSource(labels=labels, ledger_rows=ledger_rows, emulated_s=emulated_s))
+        self.wire_rejected = wire_rejected  # reason -> dropped ZeroMQ messages (Comm.wire_rejected)
+        self.device = device
+        self.group_by_region = group_by_region
+        self.address: str | None = None
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+        self._warned: set[str] = set()
+        try:
+            import psutil
+            self._proc = psutil.Process()
+        except Exception:  # psutil missing or refused: no process metrics, never a failed run
+            self._proc = None
+        from prometheus_client import CollectorRegistry
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Collector(self))
+
+    # ---- sources -----------------------------------------------------------------------
+    def add_partition(self, *, labels: dict[str, Any], ledger_rows: Callable[[], list[dict]] | None = None,
+                      emulated_s: Callable[[], float] | None = None) -> PartitionSource:
+        """A hosted partition's source (its ``watch`` and Sink ``log`` are the partition's own)."""
+        src = PartitionSource(labels=labels, ledger_rows=ledger_rows, emulated_s=emulated_s)
+        self.sources.append(src)
+        return src
+
+    def groups(self) -> list[tuple[dict[str, str], list[PartitionSource]]]:
+        """The label sets this exporter serves and the partitions behind each."""
+        sources = list(self.sources)  # partitions may still be added while Prometheus scrapes
+        if self.group_by_region is None:
+            return [(s.labels, [s]) for s in sources]
+        by_region: dict[str, list[PartitionSource]] = {}
+        for s in sources:
+            by_region.setdefault(s.labels["region"], []).append(s)
+        return [({**members[0].labels, "rank": f"p{self.group_by_region}"}, members)
+                for members in by_region.values()]
+
+    def watch(self, **sources: Any) -> None:
+        """The one partition's :meth:`PartitionSource.watch` (an exporter built with ``labels``)."""
+        self.sources[0].watch(**sources)
+
+    def log(self, record: dict) -> None:
+        for src in self.sources:
+            src.log(record)
 
     def _read(self, fn: Callable[[], Any] | None, default: Any = None) -> Any:
         """Call a source; a failing source costs its samples, never the scrape or the run."""
@@ -308,21 +393,31 @@ def start_rank_exporter(comm: RunComm, *, rank: int, local_rank: int, base_port:
     exporter = RankExporter(labels={"rank": rank, "region": region, "algo": algo, "run": run},
                             ledger_rows=comm.ledger.rows, emulated_s=lambda: float(comm.emulated_s), device=device,
                             wire_rejected=comm.wire_rejected)
-    port = base_port + local_rank
+    targets = start_together(exporter, comm.meta_all_gather_object, who=f"rank {rank}", index=rank,
+                             local_index=local_rank, base_port=base_port, host=host)
+    return exporter, targets
+
+
+def start_together(exporter: RankExporter, all_gather: Callable[[Any], list[Any]], *, who: str, index: int,
+                   local_index: int, base_port: int, host: str) -> list[str]:
+    """Start ``exporter`` on ``base_port + local_index``, together with its peers (``all_gather``
+    over them; ``index`` is this one's place in it): every target, or every peer raises the same
+    :class:`MetricsError` naming each that failed."""
+    port = base_port + local_index
     error = None
     try:
         exporter.start(host, port)
     except MetricsError as exc:
-        error = f"rank {rank} (port {base_port} + local rank {local_rank}): {exc}"
-    results = comm.meta_all_gather_object((error, _target(advertised_host(host), port)))
+        error = f"{who} (port {base_port} + local rank {local_index}): {exc}"
+    results = all_gather((error, _target(advertised_host(host), port)))
     errors = [e for e, _ in results if e]
     if errors:
         exporter.stop()
         raise MetricsError("Prometheus exporter: " + "; ".join(errors) +
                            ". Choose another --metrics-port (each node uses ports BASE..BASE+ranks-1) "
                            "or --metrics-port 0 to run without exporters.")
-    exporter.address = results[rank][1]
-    return exporter, [t for _, t in results]
+    exporter.address = results[index][1]
+    return [t for _, t in results]
 
 
 def file_sd_groups(targets: Iterable[str], region_of_rank: list[str], *, run: str, algo: str) -> list[dict]:
@@ -333,3 +428,9 @@ def file_sd_groups(targets: Iterable[str], region_of_rank: list[str], *, run: st
     """
     return [{"targets": [t], "labels": {"run": run, "algo": algo, "rank": str(r), "region": region_of_rank[r]}}
             for r, t in enumerate(targets)]
+
+
+def process_sd_groups(targets: Iterable[str], *, run: str, algo: str) -> list[dict]:
+    """file_sd document of a run whose processes host several partitions: one target group per
+    process, labelled run/algo/process (the samples carry rank and region themselves)."""
+    return [{"targets": [t], "labels": {"run": run, "algo": algo, "process": str(i)}} for i, t in enumerate(targets)]
