@@ -40,7 +40,9 @@ Scope: ``--algo fedavg`` with client sampling, FedAvgM, FedProx and ``--reset-mo
 CPU, ``--wan off|virtual``, models without BatchNorm/BatchReNorm. FedIR, IWDS and FedVC
 (per-partition tables in their algorithm objects), FedNova and ``--local-epochs``, SkewScout,
 checkpoints and ``--wan real`` use the threads engine (``--engine auto`` picks it; ``--engine
-pool`` with them is an input error naming the reason).
+pool`` with them is an input error naming the reason). ``--metrics-port``: the process's one
+exporter (geodml.parts.start_process_exporter) reads each partition's Comm and a
+:class:`_Progress` per partition at scrape time.
 """
 
 from __future__ import annotations
