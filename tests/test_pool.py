@@ -96,3 +96,18 @@ def test_pool_on_two_processes_equals_one(tmp_path, monkeypatch):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "pool engine" in r.stdout
     _same_run(tmp_path / "r1", tmp_path / "r2")
+
+
+@pytest.mark.integration
+def test_pool_with_one_partition_equals_the_classic_run(tmp_path):
+    """P = R = 1 on the pool engine (the bench's fixed-cost run): no all-reduce is charged, as
+    Comm.all_reduce charges none with one rank; the result is the one-process run's."""
+    argv = ["--dataset", "digits", "--steps", "12", "--no-progress", "--algo", "fedavg", "--iter-local", "5"]
+    assert main([*argv, "--out", str(tmp_path / "classic")]) == 0
+    assert main([*argv, "--engine", "pool", "--out", str(tmp_path / "pool")]) == 0
+    sa, sb = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("classic", "pool"))
+    for key in SAME:
+        assert sa.get(key) == sb.get(key), key
+    assert sb["wan_bytes_total"] == 0 and sb["messages_total"] == 0
+    x, y = (torch.load(tmp_path / d / "model.pt") for d in ("classic", "pool"))
+    assert all(torch.equal(x[n], y[n]) for n in x)

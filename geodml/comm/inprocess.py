@@ -125,6 +125,8 @@ class InProcessGroup:
         each charged and clocked exactly as its own call (K > 1); returns the sum, in a buffer of
         the group valid until the next collective."""
         comms = [self._comms[r] for r in self.hosted]
+        if self.world_size == 1:  # one partition: no all-reduce, nothing charged (Comm.all_reduce)
+            return self._sum(tensors)
         durations = [c.charge_all_reduce(t, kind) for c, t in zip(comms, tensors)]
         start_s = self.max_hosted([c.emulated_s for c in comms]) if comms[0]._timed else 0.0
         wall0 = time.monotonic()
