@@ -483,7 +483,7 @@ class Pool:
             if r not in own_val:
                 own_val[r] = evaluate(self.w.model, self.test_x, self.test_y)[0] / len(self.test_y)
             local = torch.from_numpy(self.local_indices[k])
-            train_correct, _ = evaluate(self.w.model, self.w.train_x[local], self.w.train_y[local])
+            train_correct, _ = evaluate(self.w.model, self.w.train_x, self.w.train_y, indices=local)
             per.append((own_val[r], train_correct / len(local)))
             own = rundir.rank_dir(self.out, k)
             own.mkdir(parents=True, exist_ok=True)

@@ -96,16 +96,24 @@ _EVAL_SLOTS = threading.BoundedSemaphore(max(1, os.cpu_count() or 1))
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 1000) -> tuple[int, float]:
-    """(correct count, summed loss) of ``model`` in eval mode on (x, y)."""
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 1000,
+             indices: torch.Tensor | None = None) -> tuple[int, float]:
+    """(correct count, summed loss) of ``model`` in eval mode on (x, y), or on the rows
+    ``indices`` of them, gathered one batch at a time (no copy of the whole subset: a partition
+    of the whole training set would copy all of it; the batches hold the same values)."""
     was_training = model.training
     model.eval()
     correct, loss_sum = 0, 0.0
+    n = len(y) if indices is None else len(indices)
     with _EVAL_SLOTS:
-        for i in range(0, len(y), batch):
-            logits = model(x[i:i + batch])
-            correct += int((logits.argmax(1) == y[i:i + batch]).sum())
-            loss_sum += float(F.cross_entropy(logits, y[i:i + batch], reduction="sum"))
+        for i in range(0, n, batch):
+            if indices is None:
+                xb, yb = x[i:i + batch], y[i:i + batch]
+            else:
+                xb, yb = x[indices[i:i + batch]], y[indices[i:i + batch]]
+            logits = model(xb)
+            correct += int((logits.argmax(1) == yb).sum())
+            loss_sum += float(F.cross_entropy(logits, yb, reduction="sum"))
     model.train(was_training)
     return correct, loss_sum
 
@@ -416,7 +424,7 @@ class Trainer:
         else:
             own_correct, _ = evaluate(self.model, self.test_x, self.test_y)
         local = torch.from_numpy(self.sampler.indices).to(self.train_x.device)
-        train_correct, _ = evaluate(self.model, self.train_x[local], self.train_y[local])
+        train_correct, _ = evaluate(self.model, self.train_x, self.train_y, indices=local)
         per_rank = self.comm.meta_all_gather_object((own_correct / len(self.test_y), train_correct / len(local)))
         return {"final": final, "per_rank_val_accuracy": [v for v, _ in per_rank],
                 "per_rank_train_accuracy": [t for _, t in per_rank]}

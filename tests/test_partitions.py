@@ -106,6 +106,17 @@ def test_eval_cache_evaluates_each_distinct_model_once(monkeypatch):
     assert len(calls) == 3
 
 
+def test_evaluate_on_indices_equals_evaluate_on_the_copied_subset():
+    """The final per-partition evaluation gathers its rows one batch at a time: the same batches,
+    the same bits as evaluating a copy of the partition's rows."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    x, y = torch.randn(300, 6), torch.randint(0, 4, (300,))
+    idx = torch.randperm(300)[:123]
+    assert evaluate(model, x, y, batch=50, indices=idx) == evaluate(model, x[idx], y[idx], batch=50)
+    assert evaluate(model, x, y, batch=50, indices=idx)[0] > 0
+
+
 @pytest.mark.integration
 def test_hosted_partitions_sigkill_restart_and_resume_equal_one_uninterrupted_process(tmp_path, monkeypatch):
     """P = 6 on R = 2: SIGKILL the process hosting partition 4 after step 23 (checkpoints every 10)
