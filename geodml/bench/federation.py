@@ -168,8 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     ps = [16, 100] if a.quick else [int(x) for x in a.ps.split(",") if x]
     rs = [int(x) for x in a.rs.split(",") if x]
     steps = a.steps or (60 if a.quick else 100)
-    if steps < 2 * ITER_LOCAL:
-        raise ValueError(f"--steps must be >= {2 * ITER_LOCAL} (two FedAvg rounds, one of them warm-up)")
+    if steps < 3 * ITER_LOCAL:
+        raise ValueError(f"--steps must be >= {3 * ITER_LOCAL} (three FedAvg rounds: the warm-up, one timed, and the "
+                         "last, whose log line carries the final evaluation)")
     dataset = _dataset()
     configs = [Config("fedavg", P, R, ("--reset-momentum",) if P >= 10000 else ()) for P in ps for R in rs if R <= P]
     if a.vmap:
