@@ -4,6 +4,11 @@
 * ``noniid``, ``norm``, ``skew``, ``hparams``, ``dirichlet`` (geodml.study.paper): Quagmire Figures
   1, 5, 6, Tables 6-8, and Hsu et al. 2019 Figures 2/5, each as a table, a CSV and PNGs.
 * ``skewscout`` (geodml.study.skewscout): Figure 8, Oracle and SkewScout savings per skew level.
+* ``iwds`` (geodml.study.iwds): the IWDS paper's Figures 5-7, FedAvg / FedProx / FedNova with uniform
+  sampling against IWDS resampling on LDA and LLT partitions of 10 clients, per seed.
+* ``vanlier`` (geodml.study.vanlier): van Lier 2018, FedAvg over 1,984 clients on distributions of
+  rising label entropy against centralized training, by accuracy and ROC AUC, per seed.
+* geodml.study.common: what iwds and vanlier share (arguments, curves, seed statistics, ROC AUC).
 * geodml.study.runner: the reusable part (launch one run, reuse finished runs, report failures).
 
 ``python -m geodml.study NAME [options]``; ``NAME --help`` shows a study's options.
@@ -12,6 +17,7 @@
 STUDIES = {"oracle": "geodml.study.oracle:main", "noniid": "geodml.study.paper:noniid",
            "norm": "geodml.study.paper:norm", "skew": "geodml.study.paper:skew",
            "hparams": "geodml.study.paper:hparams", "dirichlet": "geodml.study.paper:dirichlet",
-           "skewscout": "geodml.study.skewscout:main"}
+           "skewscout": "geodml.study.skewscout:main", "iwds": "geodml.study.iwds:main",
+           "vanlier": "geodml.study.vanlier:main"}
 
 __all__ = ["STUDIES"]
