@@ -4,6 +4,10 @@
 * ``noniid``, ``norm``, ``skew``, ``hparams``, ``dirichlet`` (geodml.study.paper): Quagmire Figures
   1, 5, 6, Tables 6-8, and Hsu et al. 2019 Figures 2/5, each as a table, a CSV and PNGs.
 * ``skewscout`` (geodml.study.skewscout): Figure 8, Oracle and SkewScout savings per skew level.
+* ``hsu2019`` (geodml.study.hsu): Hsu et al. 2019, FedAvg over Dirichlet alpha and report goal C, FedAvgM's
+  server momentum at a fixed effective learning rate (Figures 2, 5, 6), 100 clients x 500.
+* ``hsu2020`` (geodml.study.hsu): Hsu et al. 2020, FedIR on the Dirichlet population, FedVC on imbalanced
+  (Zipf-sized) clients at round and batch budgets (Table 2) and the volatility of the learning curves.
 * geodml.study.runner: the reusable part (launch one run, reuse finished runs, report failures).
 
 ``python -m geodml.study NAME [options]``; ``NAME --help`` shows a study's options.
@@ -12,6 +16,7 @@
 STUDIES = {"oracle": "geodml.study.oracle:main", "noniid": "geodml.study.paper:noniid",
            "norm": "geodml.study.paper:norm", "skew": "geodml.study.paper:skew",
            "hparams": "geodml.study.paper:hparams", "dirichlet": "geodml.study.paper:dirichlet",
-           "skewscout": "geodml.study.skewscout:main"}
+           "skewscout": "geodml.study.skewscout:main", "hsu2019": "geodml.study.hsu:hsu2019",
+           "hsu2020": "geodml.study.hsu:hsu2020"}
 
 __all__ = ["STUDIES"]
