@@ -154,6 +154,18 @@ def test_hsu2019_tuning_skips_failed_settings(tmp_path):
     assert hsu._cell_text(cells[("fedavgm", 0.0, 0.05)]) == "FAILED"
 
 
+def test_hsu2019_edge_flag_for_rates_and_betas(tmp_path):
+    args = hsu.parse_2019(["--budget", "quick", "--alphas", "1", "--fractions", "0.1", "--momentum-fractions", "0.1",
+                           "--betas", "0.7,0.9,0.99", "--lrs", "0.03,0.1,0.3", "--out", str(tmp_path / "s")])
+    outs = [hsu.Outcome(r, "ok", accuracy=0.5) for r in hsu.plan_2019_tuning(args)]
+    for chosen, edge in ((((0.0, 0.1)), False), ((0.0, 0.3), True)):
+        assert hsu.cell_results(args, outs, {("fedavg", 1.0, 0.1): chosen})[("fedavg", 1.0, 0.1)].edge is edge
+    for chosen, edge in (((0.9, 0.1), False), ((0.7, 0.1), True), ((0.99, 0.1), True), ((0.9, 0.03), True)):
+        assert hsu.cell_results(args, outs, {("fedavgm", 1.0, 0.1): chosen})[("fedavgm", 1.0, 0.1)].edge is edge
+    # equal accuracies everywhere: the first grid point wins
+    assert hsu.choose_2019(args, outs)[("fedavgm", 1.0, 0.1)] == (0.7, 0.03)
+
+
 # ---- hsu2020: the plan ---------------------------------------------------------------------------------------
 
 def test_hsu2020_vc_budgets_are_table2_scaled():

@@ -26,9 +26,9 @@ classification" (Hsu et al. 2019):
 * Learning rates: the paper searches eta in {1e-4, 3e-4, ..., 0.1, 0.3} (8 values, 5 populations
   each) per cell. Here the grid is in eta_eff, three half-decade points 0.03, 0.1, 0.3 by default
   (``--lrs``): the same spacing as the paper's grid, around plain SGD's usual rate for this network
-  on 28x28 images; the paper's 8 x 5 runs per cell would make the grid 13x larger (see docs/study.md
-  for the run counts). A cell whose best rate is at an end of the grid is flagged "(edge)": its
-  tuning may be truncated.
+  on 28x28 images; the paper's 8 rates x 5 populations per cell (FedAvgM: x 6 betas) would be 8x
+  (FedAvg) to 14x (FedAvgM) more runs than ours (see docs/study.md for the run counts). A cell
+  whose best rate (or beta) is at an end of its grid is flagged "(edge)": its tuning may be truncated.
 * Tuning protocol: each cell's grid (FedAvg: eta_eff; FedAvgM: beta x eta_eff) is run at the first
   ``--tune-seeds`` seeds (default 1); the setting with the best mean final accuracy is then run at
   the remaining seeds, and the cell reports mean +- std over all its seeds at that setting (the
@@ -653,6 +653,7 @@ class CellResult:
     accs: list[float]
     planned: int
     edge: bool
+    """The chosen eta_eff (or FedAvgM's beta) is at an end of its grid: the tuning may be truncated."""
     grid: dict[Setting, list[float | None]]
     """Every grid point's accuracies at the tuning seeds (None: failed)."""
 
@@ -668,8 +669,9 @@ def cell_results(args: argparse.Namespace, outs: Sequence[Outcome], chosen: dict
         setting = chosen.get(key)
         accs = [o.accuracy for o in outs if setting is not None and _key(o.run) == key
                 and (o.run.beta, o.run.eta_eff) == setting and o.accuracy is not None]
-        etas = sorted(set(args.lrs))
-        edge = setting is not None and len(etas) > 1 and setting[1] in (etas[0], etas[-1])
+        etas, betas = sorted(set(args.lrs)), sorted(set(args.betas))
+        edge = setting is not None and ((len(etas) > 1 and setting[1] in (etas[0], etas[-1]))
+                                        or (key[0] == "fedavgm" and len(betas) > 1 and setting[0] in (betas[0], betas[-1])))
         res[key] = CellResult(key, setting, [a for a in accs if a is not None], len(args.seeds), edge, table)
     return res
 
@@ -768,7 +770,7 @@ def markdown_2019(args: argparse.Namespace, cells: dict[CellKey, CellResult], ou
              f"{{1e-4, 3e-4, ..., 0.3}}), tuned at seed(s) {', '.join(map(str, args.seeds[:args.tune_seeds]))}, "
              f"the best then run at {', '.join(map(str, args.seeds[args.tune_seeds:])) or 'no other seed'}. "
              "Cells: final top-1 test accuracy in %, mean ± std over seeds at the chosen setting [setting]; "
-             "(edge): the best rate is at an end of the grid.", "",
+             "(edge): the best eta_eff (FedAvgM: or beta) is at an end of its grid, so the tuning may be truncated.", "",
              "The paper's numbers are CIFAR-10 after 10,000 rounds; its per-cell values are in Figures 2 and 5 only "
              f"(not in the text), so the paper columns quote what the text states. Centralized CIFAR-10: "
              f"{H19_CENTRALIZED}% (§4.2).", "",
@@ -924,10 +926,10 @@ def hsu2019(argv: list[str] | None = None, *, launcher: Launcher = torchrun_laun
               "cells": [{"algo": k[0], "alpha": k[1], "fraction": k[2], "beta": None if c.setting is None else c.setting[0],
                          "eta_eff": None if c.setting is None else c.setting[1], "accuracies": c.accs, "edge": c.edge}
                         for k, c in cells.items()],
-              "claims": claims, "failed": [o.run.run_id for o in outs if o.status in ("failed", "timeout")]}
-    table = rows(outs)
+              "claims": claims, "failed": [o.run.run_id for o in outs if o.status in ("failed", "timeout")],
+              "runs": rows(outs)}
     out = Path(args.out)
-    paths = write_report("hsu2019", out, text, report, table)
+    paths = write_report("hsu2019", out, text, report, report["runs"])
     if not args.no_plots:
         paths += plots_2019(args, cells, out)
     print("\n" + "\n".join(claims) + "\n\nwritten: " + ", ".join(str(x) for x in paths), flush=True)
@@ -1420,9 +1422,10 @@ def hsu2020(argv: list[str] | None = None, *, launcher: Launcher = torchrun_laun
               "fedir": [{"algo": k[0], "alpha": k[1], "without": v[0], "with": v[1], "gains": v[2]} for k, v in gains.items()],
               "fedvc": [{"algo": k[0], "fedvc": k[1], **v} for k, v in vc.items()],
               "population_sizes": {str(k): v.tolist() for k, v in sizes.items()},
-              "claims": claims, "failed": [o.run.run_id for o in outs if o.status in ("failed", "timeout")]}
+              "claims": claims, "failed": [o.run.run_id for o in outs if o.status in ("failed", "timeout")],
+              "runs": rows(outs)}
     out = Path(args.out)
-    paths = write_report("hsu2020", out, text, report, rows(outs))
+    paths = write_report("hsu2020", out, text, report, report["runs"])
     if not args.no_plots:
         paths += plots_2020(args, outs, gains, out)
     print("\n" + "\n".join(claims) + "\n\nwritten: " + ", ".join(str(x) for x in paths), flush=True)
