@@ -1392,13 +1392,13 @@ def hsu2020(argv: list[str] | None = None, *, launcher: Launcher = torchrun_laun
     try:
         args = parse_2020(argv)
         if "fedvc" in args.parts and sizes is None:
-            sizes = {seed: population_sizes(args, seed) for seed in args.seeds}
+            try:
+                sizes = {seed: population_sizes(args, seed) for seed in args.seeds}
+            except ValueError as exc:  # no dataset, or more examples than it has (DatasetError is a ValueError)
+                raise StudyError(f"the FedVC population: {exc}") from None
         runs = plan_2020(args, sizes)
         validate_runs(runs)
     except StudyError as exc:
-        print(f"geodml.study hsu2020: error: {exc}", file=sys.stderr)
-        return 2
-    except ValueError as exc:  # the population cannot be drawn (e.g. more examples than the dataset has)
         print(f"geodml.study hsu2020: error: {exc}", file=sys.stderr)
         return 2
     sizes = sizes or {}
