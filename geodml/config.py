@@ -98,6 +98,10 @@ class DataConfig:
     client_size: int | None = opt(None, metavar="N", default_text="training samples // partitions",
                                   help="--partition dirichlet: samples per partition, drawn without replacement "
                                   "(Hsu et al. 2019: 100 clients x 500)")
+    size_zipf: float = opt(0.0, metavar="S", help="--partition dirichlet: imbalanced partition sizes by Zipf's "
+                           "rank-size law, the r-th largest of the K partitions holding floor(N1 * r^-S) samples "
+                           "(N1 = --client-size, default the largest that fits), ranks in a random order (for Hsu et "
+                           "al. 2020's FedVC); 0 = equal sizes")
     tail: float = opt(0.9, metavar="ALPHA", help="--partition longtail: alpha_l, the share of each class its "
                       "head partition(s) hold; the other partitions share the rest evenly (IWDS: 0.9, 0.99)")
     entropy_steps: int = opt(0, metavar="N", help="--partition entropy: distribution iterations d_N (0 = the "
@@ -121,6 +125,8 @@ class DataConfig:
                f"--alpha must be >= 0 (0: one class per partition), got {self.alpha!r}")
         _check(self.client_size is None or (_int(self.client_size) and self.client_size >= 1),
                f"--client-size must be an integer >= 1, got {self.client_size!r}")
+        _check(_finite(self.size_zipf) and self.size_zipf >= 0,
+               f"--size-zipf must be a finite number >= 0 (0: equal partition sizes), got {self.size_zipf!r}")
         _check(_finite(self.tail) and 0.0 <= self.tail <= 1.0,
                f"--tail must be a fraction in [0, 1] (the head partitions' share of a class), got {self.tail!r}")
         _check(_int(self.entropy_steps) and self.entropy_steps >= 0,

@@ -623,3 +623,53 @@ def test_format_table():
     assert "mean entropy 0.500 of max 1.585 bits" in lines[3]
     many = partition_report(TEN_BY_TEN, [np.arange(100)], 10)
     assert "+7 more" in format_partition_table(many)
+
+
+# ---- imbalanced client sizes (--size-zipf, for Hsu et al. 2020's FedVC study) -----------------------
+
+def test_dirichlet_size_zipf_profile_by_hand():
+    # S = 1, n_1 = 12, K = 4: floor(12/1), floor(12/2), floor(12/3), floor(12/4) = 12, 6, 4, 3, in permutation order.
+    labels = np.repeat(np.arange(10), 10)
+    part = DirichletPartitioner(1.0, client_size=12, size_zipf=1.0)
+    perm = rng(7).permutation(4)  # the first draw of the split's generator
+    parts = part.split(labels, 4, rng(7))
+    assert [len(p) for p in parts] == [[12, 6, 4, 3][r] for r in perm]
+    assert_disjoint_sorted(parts, len(labels), cover=False)
+    # S = 0.5: floor(9 / sqrt(r)) for r = 1..4 = 9, 6, 5, 4; the smallest client keeps at least one sample
+    assert sorted(DirichletPartitioner(1.0, client_size=9, size_zipf=0.5).client_sizes(100, 4, rng()), reverse=True) \
+        == [9, 6, 5, 4]
+    assert DirichletPartitioner(1.0, client_size=2, size_zipf=3.0).client_sizes(100, 3, rng()).min() == 1
+
+
+def test_dirichlet_size_zipf_fashion_mnist_population():
+    # the hsu2020 study's population: 100 clients, largest 3000 (iNaturalist-Geo-3k's cap), S = 1
+    labels = np.repeat(np.arange(10), 6000)
+    parts = DirichletPartitioner(1.0, client_size=3000, size_zipf=1.0).split(labels, 100, rng())
+    sizes = sorted((len(p) for p in parts), reverse=True)
+    assert sizes[:4] == [3000, 1500, 1000, 750] and sizes[-1] == 30 and sum(sizes) == sum(3000 // r for r in range(1, 101))
+    assert math.ceil(sizes[0] / 64) == 47 and math.ceil(sizes[-1] / 64) == 1   # local steps at E = 1, B = 64
+    assert_disjoint_sorted(parts, len(labels), cover=False)
+
+
+def test_dirichlet_size_zipf_default_largest_fits_and_zero_is_unchanged():
+    labels = np.repeat(np.arange(10), 100)
+    sizes = DirichletPartitioner(0.5, size_zipf=1.0).client_sizes(len(labels), 10, rng())
+    assert sizes.max() == int(1000 / sum(1 / r for r in range(1, 11))) == 341 and sizes.sum() <= 1000
+    # S = 0 draws no permutation: the split is exactly the equal-size one
+    a = DirichletPartitioner(0.5, client_size=50).split(labels, 10, rng(3))
+    b = DirichletPartitioner(0.5, client_size=50, size_zipf=0.0).split(labels, 10, rng(3))
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    cfg = DataConfig(partition="dirichlet", alpha=0.5, client_size=12, size_zipf=1.0)
+    assert make_partitioner(cfg) == DirichletPartitioner(0.5, client_size=12, size_zipf=1.0)
+
+
+def test_dirichlet_size_zipf_bad_values():
+    with pytest.raises(ValueError, match="needs 2000 samples and the training set has 1000"):
+        DirichletPartitioner(0.5, client_size=1000, size_zipf=0.0).split(np.repeat(np.arange(10), 100), 2, rng())
+    with pytest.raises(ValueError, match=r"Zipf sizes \(exponent 1, largest 900\) without replacement: that needs 1350"):
+        DirichletPartitioner(0.5, client_size=900, size_zipf=1.0).split(np.repeat(np.arange(10), 100), 2, rng())
+    for bad in (-1.0, float("nan"), True):
+        with pytest.raises(ValueError, match="size_zipf must be a finite number >= 0"):
+            DirichletPartitioner(0.5, size_zipf=bad)
+    with pytest.raises(ValueError, match="--size-zipf must be a finite number >= 0"):
+        DataConfig(size_zipf=-0.5)

@@ -58,6 +58,14 @@ shards``, see below; ``dirichlet`` with ``client_size`` drops all but ``K * clie
   drawn from ``p``; if that class runs out mid-client, the client goes on with a class drawn from
   ``p`` over the classes left (exactly one class per client whenever client_size divides every
   class, e.g. 500 | 5,000 on CIFAR-10 and 500 | 6,000 on Fashion-MNIST).
+  Imbalanced clients (``size_zipf`` S > 0; Hsu et al. 2020, Section 5.3, study clients of very
+  different sizes, whose per-user splits are not available here): the sizes follow Zipf's
+  rank-size law, the r-th largest of the K clients holding ``max(1, floor(n_1 * r**-S))``
+  samples, ``n_1 = client_size`` (default: the largest ``n_1`` whose sizes fit in N), the ranks
+  given to the clients in a random order (one ``rng.permutation(K)``, drawn before anything else;
+  S = 0 draws nothing, so equal-size splits are unchanged). The class mix of each client is
+  drawn as above. S = 1, n_1 = 3000, K = 100: 3000, 1500, 1000, 750, ..., 30 samples (15,519 in
+  all), 47 local steps of B = 64 for the largest client against one for the smallest.
 
 - ``shards`` with ``s`` shards per partition -- McMahan et al. 2017 as described in Hsu et al.
   2019, Section 2 (Related Work): sort by label, cut into ``K * s`` shards of ``N // (K*s)`` samples each,
@@ -256,7 +264,10 @@ class DirichletPartitioner:
     alpha: float
     """Concentration >= 0; large -> every client matches the prior (IID), 0 -> one class per client (the limit)."""
     client_size: int | None = None
-    """Samples per client (Hsu et al. 2019: 500); None: ``N // K``, every sample but the remainder."""
+    """Samples per client (Hsu et al. 2019: 500); None: ``N // K``, every sample but the remainder.
+    With ``size_zipf`` > 0: the largest client's samples (None: the largest that fits)."""
+    size_zipf: float = 0.0
+    """Zipf exponent S of the client sizes (rank r holds ``floor(n_1 r**-S)``); 0: equal sizes."""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.alpha, (int, float)) and not isinstance(self.alpha, bool)
@@ -265,23 +276,38 @@ class DirichletPartitioner:
         if self.client_size is not None and (isinstance(self.client_size, bool)
                                              or not isinstance(self.client_size, int) or self.client_size < 1):
             raise ValueError(f"client_size must be an integer >= 1 or None (N // K), got {self.client_size!r}")
+        if not (isinstance(self.size_zipf, (int, float)) and not isinstance(self.size_zipf, bool)
+                and math.isfinite(self.size_zipf) and self.size_zipf >= 0):
+            raise ValueError(f"size_zipf must be a finite number >= 0 (0: equal client sizes), got {self.size_zipf!r}")
+
+    def client_sizes(self, num_samples: int, num_partitions: int, rng: np.random.Generator) -> np.ndarray:
+        """The K clients' sizes: equal (``client_size`` or N // K), or with ``size_zipf`` S > 0 the Zipf
+        profile ``max(1, floor(n_1 r**-S))`` over ranks r = 1..K in the order of one ``rng.permutation``."""
+        if self.size_zipf == 0:
+            n = num_samples // num_partitions if self.client_size is None else self.client_size
+            return np.full(num_partitions, n, dtype=np.int64)
+        shape = np.arange(1, num_partitions + 1, dtype=np.float64) ** -float(self.size_zipf)
+        n_1 = self.client_size if self.client_size is not None else int(num_samples / shape.sum() + 1e-9)
+        profile = np.maximum(1, np.floor(n_1 * shape + 1e-9)).astype(np.int64)
+        return profile[rng.permutation(num_partitions)]
 
     def split(self, labels: np.ndarray, num_partitions: int, rng: np.random.Generator) -> list[np.ndarray]:
         labels = _check_split_args(labels, num_partitions)
-        samples_per_client = len(labels) // num_partitions if self.client_size is None else self.client_size
-        if samples_per_client * num_partitions > len(labels):
-            raise ValueError(f"cannot give {num_partitions} partitions {samples_per_client} samples each without "
-                             f"replacement: that needs {samples_per_client * num_partitions} samples and the training "
-                             f"set has {len(labels)}; lower --client-size or run fewer partitions")
+        sizes = self.client_sizes(len(labels), num_partitions, rng)
+        if sizes.sum() > len(labels):
+            what = (f"{num_partitions} partitions {sizes[0]} samples each" if self.size_zipf == 0 else
+                    f"{num_partitions} partitions Zipf sizes (exponent {self.size_zipf:g}, largest {sizes.max()})")
+            raise ValueError(f"cannot give {what} without replacement: that needs {sizes.sum()} samples and the "
+                             f"training set has {len(labels)}; lower --client-size or run fewer partitions")
         classes, members = _class_members(labels, rng)
         stock = np.array([len(m) for m in members], dtype=np.int64)  # samples not yet given out
         prior = stock / stock.sum()
         taken = np.zeros(len(classes), dtype=np.int64)  # next unused position inside each class
         parts = []
-        for _ in range(num_partitions):
+        for k in range(num_partitions):
             q = self._draw(prior, rng)
             counts = np.zeros(len(classes), dtype=np.int64)
-            need = samples_per_client
+            need = int(sizes[k])
             while need > 0:
                 available = stock - counts
                 weights = self._renormalized(q, available > 0, rng, prior)
@@ -530,7 +556,7 @@ def make_partitioner(cfg: DataConfig) -> Partitioner:
     if cfg.partition == "label":
         return LabelSkewPartitioner(skew=cfg.skew)
     if cfg.partition == "dirichlet":
-        return DirichletPartitioner(alpha=cfg.alpha, client_size=cfg.client_size)
+        return DirichletPartitioner(alpha=cfg.alpha, client_size=cfg.client_size, size_zipf=cfg.size_zipf)
     if cfg.partition == "longtail":
         return LongTailPartitioner(tail=cfg.tail)
     if cfg.partition == "entropy":

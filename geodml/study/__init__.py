@@ -9,6 +9,10 @@
 * ``vanlier`` (geodml.study.vanlier): van Lier 2018, FedAvg over 1,984 clients on distributions of
   rising label entropy against centralized training, by accuracy and ROC AUC, per seed.
 * geodml.study.common: what iwds and vanlier share (arguments, curves, seed statistics, ROC AUC).
+* ``hsu2019`` (geodml.study.hsu): Hsu et al. 2019, FedAvg over Dirichlet alpha and report goal C, FedAvgM's
+  server momentum at a fixed effective learning rate (Figures 2, 5, 6), 100 clients x 500.
+* ``hsu2020`` (geodml.study.hsu): Hsu et al. 2020, FedIR on the Dirichlet population, FedVC on imbalanced
+  (Zipf-sized) clients at round and batch budgets (Table 2) and the volatility of the learning curves.
 * geodml.study.runner: the reusable part (launch one run, reuse finished runs, report failures).
 
 ``python -m geodml.study NAME [options]``; ``NAME --help`` shows a study's options.
@@ -18,6 +22,7 @@ STUDIES = {"oracle": "geodml.study.oracle:main", "noniid": "geodml.study.paper:n
            "norm": "geodml.study.paper:norm", "skew": "geodml.study.paper:skew",
            "hparams": "geodml.study.paper:hparams", "dirichlet": "geodml.study.paper:dirichlet",
            "skewscout": "geodml.study.skewscout:main", "iwds": "geodml.study.iwds:main",
-           "vanlier": "geodml.study.vanlier:main"}
+           "vanlier": "geodml.study.vanlier:main", "hsu2019": "geodml.study.hsu:hsu2019",
+           "hsu2020": "geodml.study.hsu:hsu2020"}
 
 __all__ = ["STUDIES"]

@@ -286,9 +286,11 @@ def eta_text(durations: list[float], remaining: int, jobs: int) -> str:
 
 def run_all(specs: list[RunSpec], *, jobs: int = 1, timeout_s: float = 1800.0, launcher: Launcher = torchrun_launcher,
             log: Callable[[str], None] = print, poll_s: float = 0.2, grace_s: float = 10.0,
-            processes: int | None = None) -> list[RunResult]:
+            processes: int | None = None, on_result: Callable[[RunResult], None] | None = None) -> list[RunResult]:
     """Run every spec (reusing finished ones), ``jobs`` at a time; results in spec order.
     ``processes``: run each on at most this many processes (``--processes``; RunSpec.processes).
+    ``on_result``: called with each run's result as it ends in this invocation (not for reused runs),
+    e.g. to prune files a study does not need while the others still run.
 
     Ctrl-C (or any exception) kills every running child's process tree and re-raises.
     """
@@ -330,6 +332,8 @@ def run_all(specs: list[RunSpec], *, jobs: int = 1, timeout_s: float = 1800.0, l
                     continue
                 live.remove(lv)
                 res = results[lv.index] = _finish(lv, timed_out=timed_out)
+                if on_result is not None:
+                    on_result(res)
                 word = "done" if res.succeeded else res.status.upper()
                 durations.append(res.elapsed_s)
                 log(f"[{lv.index + 1}/{n}] {word} {lv.spec.run_id} in {res.elapsed_s:.1f} s "

@@ -1,0 +1,373 @@
+"""The Hsu et al. 2019 / 2020 studies (geodml.study.hsu): plans and flags worked out from the papers, reports from
+fake finished runs, bad arguments. No process is started: finished runs are faked as run directories."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from geodml.study import STUDIES, hsu, runner
+from geodml.study.__main__ import main as study_main
+
+
+def no_launch(spec, stdout, stderr):
+    raise AssertionError(f"launched {spec.run_id}")
+
+
+def flag(argv, name):
+    """The last value of a flag (argparse semantics)."""
+    return [argv[i + 1] for i, a in enumerate(argv) if a == name][-1]
+
+
+def fake_run(out: Path, spec: runner.RunSpec, accuracy: float | None, curve: list[tuple[int, float]] = ()) -> None:
+    """A finished run directory as the runner leaves it: launch.json, summary.json, metrics.jsonl, model files."""
+    d = out / spec.run_id
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "launch.json").write_text(json.dumps(runner.launch_record(spec)))
+    if accuracy is not None:
+        (d / "summary.json").write_text(json.dumps({"final_val_accuracy": accuracy, "final_val_loss": 1.0,
+                                                    "wall_seconds": 3.0, "algo": "fedavg"}))
+    (d / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "val_accuracy": a, "wan_bytes_total": 0}) + "\n"
+                                             for s, a in curve))
+
+
+# ---- hsu2019: the plan ---------------------------------------------------------------------------------------
+
+def plan19(argv, tmp_path):
+    args = hsu.parse_2019([*argv, "--out", str(tmp_path / "s")])
+    return args, {r.run_id: r for r in hsu.plan_2019_tuning(args)}
+
+
+def test_hsu2019_full_plan_counts_and_the_papers_grids(tmp_path):
+    args, runs = plan19([], tmp_path)
+    assert args.alphas == (100, 10, 1, 0.5, 0.2, 0.1, 0.05, 0)                  # Hsu 2020 App. B.1, CIFAR-10
+    assert args.fractions == (0.05, 0.1, 0.2, 0.4) and args.betas == (0.7, 0.9, 0.97, 0.99, 0.997)
+    assert args.seeds == (0, 1, 2) and args.rounds == 100 and args.lrs == (0.03, 0.1, 0.3)
+    # tuning at seed 0: FedAvg 8 alphas x 4 C x 3 eta_eff = 96; FedAvgM 8 alphas x C=0.05 x 5 betas x 3 eta_eff = 120
+    assert len(runs) == 96 + 120 and all(r.seed == 0 for r in runs.values())
+    grids = hsu.cells_2019(args)
+    assert len(grids) == 8 * 4 + 8  # 40 cells; each then runs at seeds 1 and 2: 80 more runs, 296 in all
+    assert len(hsu.plan_2019_confirm(args, {k: g[0] for k, g in grids.items()})) == 80
+    # the quick budget: 2 alphas x (FedAvg 2 C x 2 lrs + FedAvgM 1 C x 1 beta x 2 lrs) at seed 0, nothing to confirm
+    qargs, quick = plan19(["--budget", "quick"], tmp_path)
+    assert len(quick) == 12 and qargs.dataset == "digits" and qargs.seeds == (0,)
+
+
+def test_hsu2019_flags_by_hand(tmp_path):
+    _, runs = plan19([], tmp_path)
+    a = runs["fedavg-lr0.1-a0.1-c0.05-s0"].spec.argv
+    # E = 1 on 500 examples with B = 64: ceil(500 / 64) = 8 local steps; 100 rounds = 800 steps, evaluated every 10 rounds
+    assert math.ceil(500 / 64) == 8 == int(flag(a, "--iter-local")) and flag(a, "--batch-size") == "64"
+    assert flag(a, "--steps") == "800" and flag(a, "--eval-every") == "80" and flag(a, "--log-every") == "8"
+    assert flag(a, "--partition") == "dirichlet" and flag(a, "--alpha") == "0.1" and flag(a, "--client-size") == "500"
+    assert flag(a, "--client-fraction") == "0.05" and hsu.num_selected(0.05, 100) == 5 and hsu.num_selected(0.4, 100) == 40
+    assert flag(a, "--lr") == "0.1" and flag(a, "--momentum") == "0" and flag(a, "--weight-decay") == "0.004"
+    assert flag(a, "--model") == "cifar-cnn" and flag(a, "--dataset") == "fashion-mnist" and flag(a, "--seed") == "0"
+    assert "--server-momentum" not in a and "--server-nesterov" not in a and "--local-epochs" not in a
+    # FedAvgM at a fixed effective rate: eta = eta_eff (1 - beta), server lr 1, Nesterov (Section 4.2, Figure 6)
+    expected = {0.7: "0.03", 0.9: "0.01", 0.97: "0.003", 0.99: "0.001", 0.997: "0.0003"}
+    for beta, lr in expected.items():
+        m = runs[f"fedavgm-b{beta}-lr0.1-a0.1-c0.05-s0"].spec.argv
+        assert flag(m, "--lr") == lr and flag(m, "--server-momentum") == str(beta)
+        assert flag(m, "--server-lr") == "1" and "--server-nesterov" in m and flag(m, "--client-fraction") == "0.05"
+    assert flag(runs["fedavgm-b0.997-lr0.03-a0-c0.05-s0"].spec.argv, "--lr") == "9e-05"
+    assert hsu.eta_for(0.3, 0.997) == 0.0009 and hsu.eta_for(0.3, 0.0) == 0.3
+    # FedAvgM runs only at the momentum report goal; FedAvg at every one
+    assert "fedavgm-b0.9-lr0.1-a0.1-c0.4-s0" not in runs and "fedavg-lr0.3-a0.1-c0.4-s0" in runs
+
+
+def test_hsu2019_momentum_fraction_brings_its_fedavg_cell(tmp_path):
+    args, runs = plan19(["--fractions", "0.4", "--momentum-fractions", "0.1", "--alphas", "1", "--betas", "0.9",
+                         "--lrs", "0.1"], tmp_path)
+    assert sorted(runs) == ["fedavg-lr0.1-a1-c0.1-s0", "fedavg-lr0.1-a1-c0.4-s0", "fedavgm-b0.9-lr0.1-a1-c0.1-s0"]
+
+
+# ---- hsu2019: the report from fake finished runs -------------------------------------------------------------
+
+ARGV19 = ["--budget", "quick", "--alphas", "100,0", "--fractions", "0.05", "--momentum-fractions", "0.05", "--betas",
+          "0.9", "--lrs", "0.05,0.2", "--seeds", "0,1"]
+TUNING = {"fedavg-lr0.05-a100-c0.05-s0": 0.80, "fedavg-lr0.2-a100-c0.05-s0": 0.90,           # best: lr 0.2
+          "fedavg-lr0.05-a0-c0.05-s0": 0.30, "fedavg-lr0.2-a0-c0.05-s0": 0.20,               # best: lr 0.05
+          "fedavgm-b0.9-lr0.05-a100-c0.05-s0": 0.91, "fedavgm-b0.9-lr0.2-a100-c0.05-s0": 0.85,
+          "fedavgm-b0.9-lr0.05-a0-c0.05-s0": 0.60, "fedavgm-b0.9-lr0.2-a0-c0.05-s0": 0.70}
+CONFIRM = {"fedavg-lr0.2-a100-c0.05-s1": 0.92, "fedavg-lr0.05-a0-c0.05-s1": 0.34,
+           "fedavgm-b0.9-lr0.05-a100-c0.05-s1": 0.89, "fedavgm-b0.9-lr0.2-a0-c0.05-s1": 0.74}
+
+
+def test_hsu2019_report_from_reused_runs(tmp_path, capsys):
+    out = tmp_path / "s"
+    args = hsu.parse_2019([*ARGV19, "--out", str(out)])
+    tuning = {r.run_id: r for r in hsu.plan_2019_tuning(args)}
+    assert sorted(tuning) == sorted(TUNING)
+    for rid, acc in TUNING.items():
+        fake_run(out, tuning[rid].spec, acc)
+    chosen = {("fedavg", 100.0, 0.05): (0.0, 0.2), ("fedavg", 0.0, 0.05): (0.0, 0.05),
+              ("fedavgm", 100.0, 0.05): (0.9, 0.05), ("fedavgm", 0.0, 0.05): (0.9, 0.2)}
+    for r in hsu.plan_2019_confirm(args, chosen):
+        fake_run(out, r.spec, CONFIRM[r.run_id])
+    # every run exists: the tuning choice must land on exactly the confirmation runs written above, or it launches
+    assert hsu.hsu2019([*ARGV19, "--out", str(out)], launcher=no_launch) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("] reused ") == 12
+    md = (out / "hsu2019.md").read_text()
+    # seed 0 chose the rate, seed 1 confirmed it: alpha 100 FedAvg 0.90, 0.92 -> 91.0 +- 1.4; alpha 0 0.30, 0.34 -> 32.0 +- 2.8
+    assert "| 0.05 | 91.0 ± 1.4 [lr 0.2 (edge)] | 32.0 ± 2.8 [lr 0.05 (edge)] |" in md
+    # Figure 5: FedAvgM alpha 0: 0.70, 0.74 -> 72.0; gain 72 - 32 = +40.0 pp; the paper's text numbers beside
+    assert ("| 0 | 32.0 ± 2.8 [lr 0.05 (edge)] | 72.0 ± 2.8 [β 0.9, η_eff 0.2 (edge)] | +40.0 pp | "
+            "≈35 (§4.2); 30.1 (abstract, 'most skewed') | >75 (§4.2); 76.9 (abstract, 'most skewed') |") in md
+    assert "| 100 | 91.0 ± 1.4 [lr 0.2 (edge)] | 90.0 ± 1.4 [β 0.9, η_eff 0.05 (edge)] | -1.0 pp |  |  |" in md
+    # Figure 6's grid at the tuning seed, the chosen point marked
+    assert "| 0.9 | 60.0 | 70.0 ◀ |" in md and "| 0.9 | 91.0 ◀ | 85.0 |" in md
+    # claims: 91 -> 32 (-59.0 pp); FedAvgM recovers 40 / 59 = 68% of FedAvg's loss; margins 10.0 pp (0.90 - 0.80)
+    assert "C=0.05: alpha 100 -> 0: 91.0% -> 32.0% (-59.0 pp); accuracy falls at 1 of 1 steps towards smaller alpha" in md
+    assert ("C=0.05, alpha=0: FedAvg 32.0 ± 2.8% -> FedAvgM 72.0 ± 2.8% (+40.0 pp, largest seed std 2.8 pp); recovers 68% "
+            "of FedAvg's loss to alpha=100") in md
+    assert "FedAvg C=0.05: 2 distinct best settings over 2 alphas: alpha 100: lr 0.2 (edge), margin 10.0 pp" in md
+    assert "alpha 0: β 0.9/η_eff 0.2 (edge), margin 10.0 pp" in md
+    with open(out / "hsu2019.csv") as f:
+        table = {r["run_id"]: r for r in csv.DictReader(f)}
+    assert len(table) == 12 and float(table["fedavgm-b0.9-lr0.2-a0-c0.05-s1"]["lr"]) == pytest.approx(0.02)
+    assert table["fedavg-lr0.05-a0-c0.05-s1"]["status"] == "reused" and table["fedavg-lr0.05-a0-c0.05-s1"]["seed"] == "1"
+    rep = json.loads((out / "hsu2019.json").read_text())
+    cell = next(c for c in rep["cells"] if c["algo"] == "fedavgm" and c["alpha"] == 0)
+    assert cell["beta"] == 0.9 and cell["eta_eff"] == 0.2 and cell["accuracies"] == [0.70, 0.74]
+    for png in ("fig2_fedavg.png", "fig5_fedavgm.png", "fig6_sensitivity.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_hsu2019_tuning_skips_failed_settings(tmp_path):
+    args = hsu.parse_2019([*ARGV19, "--seeds", "0", "--out", str(tmp_path / "s")])
+    bad = "fedavg-lr0.2-a100-c0.05-s0"
+    outs = [hsu.Outcome(r, "failed" if r.run_id == bad else "ok", accuracy=None if r.run_id == bad else TUNING[r.run_id])
+            for r in hsu.plan_2019_tuning(args)]
+    chosen = hsu.choose_2019(args, outs)
+    assert chosen[("fedavg", 100.0, 0.05)] == (0.0, 0.05)  # the failed 0.90 is not chosen; 0.80 is the best left
+    assert chosen[("fedavgm", 0.0, 0.05)] == (0.9, 0.2) and hsu.plan_2019_confirm(args, chosen) == []  # one seed: done
+    outs = [hsu.Outcome(o.run, "failed") if o.run.algo == "fedavgm" and o.run.alpha == 0 else o for o in outs]
+    assert ("fedavgm", 0.0, 0.05) not in hsu.choose_2019(args, outs)  # no setting ran: the cell is reported FAILED
+    cells = hsu.cell_results(args, outs, hsu.choose_2019(args, outs))
+    assert hsu._cell_text(cells[("fedavgm", 0.0, 0.05)]) == "FAILED"
+
+
+def test_hsu2019_edge_flag_for_rates_and_betas(tmp_path):
+    args = hsu.parse_2019(["--budget", "quick", "--alphas", "1", "--fractions", "0.1", "--momentum-fractions", "0.1",
+                           "--betas", "0.7,0.9,0.99", "--lrs", "0.03,0.1,0.3", "--out", str(tmp_path / "s")])
+    outs = [hsu.Outcome(r, "ok", accuracy=0.5) for r in hsu.plan_2019_tuning(args)]
+    for chosen, edge in ((((0.0, 0.1)), False), ((0.0, 0.3), True)):
+        assert hsu.cell_results(args, outs, {("fedavg", 1.0, 0.1): chosen})[("fedavg", 1.0, 0.1)].edge is edge
+    for chosen, edge in (((0.9, 0.1), False), ((0.7, 0.1), True), ((0.99, 0.1), True), ((0.9, 0.03), True)):
+        assert hsu.cell_results(args, outs, {("fedavgm", 1.0, 0.1): chosen})[("fedavgm", 1.0, 0.1)].edge is edge
+    # equal accuracies everywhere: the first grid point wins
+    assert hsu.choose_2019(args, outs)[("fedavgm", 1.0, 0.1)] == (0.7, 0.03)
+
+
+# ---- hsu2020: the plan ---------------------------------------------------------------------------------------
+
+def test_hsu2020_vc_budgets_are_table2_scaled():
+    vc = hsu.VCBudget(rounds=200, curve_points=10)
+    assert vc.table_rounds == (40, 100, 200) and vc.table_batches == (400, 1000, 2000)   # 1k/2.5k/5k, 10k/25k/50k / 25
+    assert vc.curve_rounds == (20, 40, 60, 80, 100, 120, 140, 160, 180, 200)
+
+
+def test_hsu2020_round_lengths_from_geodmls_fedavg():
+    # every client selected: sizes 10, 20, 33, 64 at B = 16 take 1, 2, 3, 4 steps; each round lasts 4, costs 10 steps
+    rs = hsu.e1_rounds(np.array([10, 20, 33, 64]), 4, 0, 16, until_rounds=3, until_steps=10)
+    assert rs.ends[:4] == (0, 4, 8, 12) and rs.work[:4] == (0, 10, 20, 30) and rs.rounds_within(11) == 2
+    # one client per round, drawn as geodml/algorithms/fedavg.py documents: default_rng([seed, t, 0xFEDA])
+    sizes = np.array([16, 160, 32, 48, 64])  # 1, 10, 2, 3, 4 steps
+    rs = hsu.e1_rounds(sizes, 1, 7, 16, until_rounds=20, until_steps=0)
+    steps = [math.ceil(sizes[int(np.random.default_rng([7, t, 0xFEDA]).choice(5, size=1, replace=False)[0])] / 16)
+             for t in range(20)]
+    assert list(rs.ends[:21]) == list(np.cumsum([0, *steps]))
+
+
+def test_hsu2020_plan_counts_and_flags(tmp_path):
+    args = hsu.parse_2020(["--out", str(tmp_path / "s")])
+    # a hand-made population: every client 640 examples -> 10 steps a round, S(r) = 10 r, so batches 400/1000/2000
+    # fall at rounds 40/100/200, already round budgets: 10 E = 1 runs per algorithm and seed
+    sizes = {s: np.full(100, 640) for s in (0, 1, 2)}
+    runs = {r.run_id: r for r in hsu.plan_2020(args, sizes)}
+    fedir = [r for r in runs.values() if r.part == "fedir"]
+    assert len(fedir) == 4 * 2 * 2 * 3   # alphas 100, 1, 0.2, 0.05 x FedAvg/FedAvgM x FedIR off/on x 3 seeds
+    assert len([r for r in runs.values() if r.part == "fedvc"]) == 2 * 3
+    assert len([r for r in runs.values() if r.part == "e1"]) == 2 * 3 * 10
+    ir = runs["ir-fedavgm-fedir-a0.05-s2"].spec.argv
+    assert "--fedir" in ir and flag(ir, "--lr") == "0.01" and flag(ir, "--server-momentum") == "0.9"
+    assert flag(ir, "--server-lr") == "1" and "--server-nesterov" not in ir and flag(ir, "--client-fraction") == "0.1"
+    assert flag(ir, "--iter-local") == "8" and flag(ir, "--steps") == "800" and flag(ir, "--client-size") == "500"
+    assert "--fedir" not in runs["ir-fedavg-a0.05-s2"].spec.argv
+    vc = runs["vc-fedavgm-fedvc-s1"].spec.argv
+    assert flag(vc, "--virtual-client-size") == "256" and "--local-epochs" not in vc and "--iter-local" not in vc
+    assert flag(vc, "--size-zipf") == "1" and flag(vc, "--client-size") == "3000" and flag(vc, "--alpha") == "1"
+    # FedVC rounds are ceil(256 / 64) = 4 steps: 2000 batches; evaluated every gcd(80, 160, ..., 1000, 2000) = 40 steps
+    assert flag(vc, "--steps") == "2000" and flag(vc, "--eval-every") == "40"
+    e1 = runs["vc-fedavg-e1-r60-s0"]
+    assert flag(e1.spec.argv, "--local-epochs") == "1" and "--virtual-client-size" not in e1.spec.argv
+    assert int(flag(e1.spec.argv, "--steps")) == 10 * e1.rounds == int(flag(e1.spec.argv, "--eval-every"))
+    assert e1.client_steps == 10 * 10 * e1.rounds  # 10 participants x 10 steps per round
+
+
+def test_hsu2020_quick_population_and_dry_run(tmp_path, capsys):
+    """The quick population from digits, as a run computes it: Zipf sizes floor(200 / r), r = 1..20."""
+    args = hsu.parse_2020(["--budget", "quick", "--out", str(tmp_path / "s")])
+    sizes = sorted(hsu.population_sizes(args, 0).tolist(), reverse=True)
+    assert sizes == [200, 100, 66, 50, 40, 33, 28, 25, 22, 20, 18, 16, 15, 14, 13, 12, 11, 11, 10, 10] and sum(sizes) == 714
+    assert hsu.hsu2020(["--budget", "quick", "--dry-run", "--out", str(tmp_path / "s")], launcher=no_launch) == 0
+    printed = capsys.readouterr().out
+    assert "20 clients, 714 examples, sizes 200 (largest) / 19 (median) / 10 (smallest)" in printed
+    assert "vc-fedavgm-fedvc-s0: --algo fedavg" in printed and not (tmp_path / "s").exists()
+
+
+# ---- hsu2020: the report from fake finished runs -------------------------------------------------------------
+
+ARGV20 = ["--budget", "quick", "--seeds", "0,1", "--algos", "fedavg"]
+IR = {"ir-fedavg-a1-s0": 0.80, "ir-fedavg-fedir-a1-s0": 0.81, "ir-fedavg-a0.1-s0": 0.50, "ir-fedavg-fedir-a0.1-s0": 0.56,
+      "ir-fedavg-a1-s1": 0.82, "ir-fedavg-fedir-a1-s1": 0.82, "ir-fedavg-a0.1-s1": 0.52, "ir-fedavg-fedir-a0.1-s1": 0.60}
+E1 = {0: {2: 0.40, 5: 0.60, 10: 0.50, 25: 0.70, 50: 0.65}, 1: {2: 0.42, 5: 0.58, 10: 0.54, 25: 0.72, 50: 0.69}}
+
+
+def test_hsu2020_report_from_reused_runs(tmp_path, capsys):
+    out = tmp_path / "s"
+    argv = [*ARGV20, "--out", str(out)]
+    args = hsu.parse_2020(argv)
+    sizes = {0: np.full(20, 32), 1: np.full(20, 32)}   # 2 steps of B = 16 per round: S(r) = 2 r
+    runs = hsu.plan_2020(args, sizes)
+    # quick: rounds 2/5/10, batches 20/50/100 -> E = 1 rounds 10, 25, 50; curve points rounds 5, 10
+    assert sorted(r.rounds for r in runs if r.part == "e1" and r.seed == 0) == [2, 5, 10, 25, 50]
+    for r in runs:
+        if r.part == "fedir":
+            fake_run(out, r.spec, IR[r.run_id])
+        elif r.part == "e1":
+            assert r.steps == 2 * r.rounds
+            fake_run(out, r.spec, E1[r.seed][r.rounds])
+        else:   # FedVC: N_VC 64 / B 16 = 4 steps a round, 100 steps, evaluated every 4: accuracy 0.5 + step/400 (+0.02)
+            assert r.steps == 100 and r.eval_every == 4
+            fake_run(out, r.spec, 0.75, [(s, 0.5 + s / 400 + 0.02 * r.seed) for s in range(4, 101, 4)])
+    assert hsu.hsu2020(argv, launcher=no_launch, sizes=sizes) == 0
+    assert capsys.readouterr().out.count("] reused ") == 8 + 2 + 10
+    md = (out / "hsu2020.md").read_text()
+    # FedIR: alpha 1: 80/82 -> 81/82, gains 1 and 0 pp; alpha 0.1: 50/52 -> 56/60, gains 6 and 8 pp
+    assert "| 1 | 81.0 ± 1.4 | 81.5 ± 0.7 | +0.5 ± 0.7 pp |" in md
+    assert "| 0.1 | 51.0 ± 1.4 | 58.0 ± 2.8 | +7.0 ± 1.4 pp |" in md
+    assert "FedAvg: alpha 1: +0.5 ± 0.7 pp; alpha 0.1: +7.0 ± 1.4 pp; most skewed minus least skewed gain: +6.5 pp" in md
+    assert "| Landmarks-User-160k, all layers (Table 4) | FedAvg | 49.7 | 51.7 | +2.0 pp |" in md
+    # Table 2: without FedVC, Acc@Batch 20 = the 10-round run (20 steps), 50 -> 25 rounds, 100 -> 50 rounds;
+    # drawdown between rounds 5 and 10: 0.10 and 0.04 -> 7.0 +- 4.2
+    assert "| FedAvg | ✗ | 41.0 ± 1.4 | 59.0 ± 1.4 | 52.0 ± 2.8 | 52.0 ± 2.8 | 71.0 ± 1.4 | 67.0 ± 2.8 | 7.0 ± 4.2 |" in md
+    # with FedVC, rounds r at step 4r, batches b at step 4 floor(b / 4): 8, 20, 40 | 20, 48, 100; never falls
+    assert "| FedAvg | ✓ | 53.0 ± 1.4 | 56.0 ± 1.4 | 61.0 ± 1.4 | 56.0 ± 1.4 | 63.0 ± 1.4 | 76.0 ± 1.4 | 0.0 ± 0.0 |" in md
+    assert "round 2: 41.0 ± 1.4 -> 53.0 ± 1.4 (+12.0 pp)" in md and "batch 100: 67.0 ± 2.8 -> 76.0 ± 1.4 (+9.0 pp)" in md
+    assert "FedAvg: without FedVC 7.0 ± 4.2 pp, with FedVC 0.0 ± 0.0 pp" in md
+    assert "| iNaturalist-Geo-3k | FedAvgM | ✓ | 49.7 | 54.8 | 56.7 | 54.8 | 56.7 | 57.1 |" in md
+    assert "20 clients, 640 examples, sizes 32 (largest) / 32 (median) / 32 (smallest), E = 1 local steps 2 / 2 / 2" in md
+    with open(out / "hsu2020.csv") as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == 20 and {r["part"] for r in table} == {"fedir", "fedvc", "e1"}
+    rep = json.loads((out / "hsu2020.json").read_text())
+    assert next(x for x in rep["fedir"] if x["alpha"] == 0.1)["gains"] == pytest.approx([0.06, 0.08])
+    for png in ("fedir_gain.png", "fedvc_curves.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_drawdown_by_hand():
+    assert hsu.drawdown([0.5, 0.7, 0.6, 0.65, 0.55]) == pytest.approx(0.1 + 0.1)
+    assert hsu.drawdown([0.1, 0.2, 0.3]) == 0.0 and hsu.drawdown([0.4]) == 0.0
+
+
+# ---- bad arguments: one error line, exit 2, nothing launched or written --------------------------------------
+
+@pytest.mark.parametrize("study, argv, message", [
+    ("hsu2019", ["--tune-seeds", "4"], "--tune-seeds must be in 1..3"),
+    ("hsu2019", ["--betas", "0.9,1"], "--betas must be in (0, 1)"),
+    ("hsu2019", ["--lrs", "0.1,-0.1"], "--lrs must be > 0"),
+    ("hsu2019", ["--fractions", "0.001"], "--fractions 0.001 selects no client of 100"),
+    ("hsu2019", ["--rounds", "0"], "--rounds must be >= 1"),
+    ("hsu2019", ["--processes", "0"], "--processes must be in 1..100"),
+    ("hsu2019", ["--budget", "medium"], "invalid choice: 'medium'"),
+    ("hsu2019", ["--seeds", "0,0"], "distinct seeds"),
+    ("hsu2019", ["--", "--lr", "0.1"], "--lr are set by the study"),
+    ("hsu2019", ["--", "--no-such-flag"], "unrecognized arguments"),
+    ("hsu2019", ["--", "--batch-size", "8"], "--batch-size are set by the study"),
+    ("hsu2020", ["--vc-rounds", "15", "--curve-points", "5"], "--vc-rounds must be a multiple of 10"),
+    ("hsu2020", ["--vc-rounds", "20", "--curve-points", "3"], "must be a positive multiple of --curve-points"),
+    ("hsu2020", ["--parts", "fedprox"], "--parts must be fedir, fedvc or fedir,fedvc"),
+    ("hsu2020", ["--algos", "fedprox"], "subset of fedavg,fedavgm"),
+    ("hsu2020", ["--server-momentum", "1"], "--server-momentum must be in (0, 1)"),
+    ("hsu2020", ["--budget", "quick", "--vc-size-max", "2000"], "lower --client-size"),   # more than digits has
+    ("hsu2020", ["--", "--fedir"], "--fedir are set by the study"),
+])
+def test_bad_arguments_exit_2_before_launching(study, argv, message, tmp_path, capsys):
+    cut = argv.index("--") if "--" in argv else len(argv)
+    fn = hsu.hsu2019 if study == "hsu2019" else hsu.hsu2020
+    assert fn([*argv[:cut], "--out", str(tmp_path / "o"), *argv[cut:]], launcher=no_launch) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"geodml.study {study}: error: ") and message in err
+    assert not (tmp_path / "o").exists()
+
+
+# ---- registry, help, the runner hook -------------------------------------------------------------------------
+
+def test_registered_with_help(capsys):
+    import geodml.study as study
+    assert STUDIES["hsu2019"] == "geodml.study.hsu:hsu2019" and STUDIES["hsu2020"] == "geodml.study.hsu:hsu2020"
+    assert "``hsu2019``" in study.__doc__ and "``hsu2020``" in study.__doc__
+    for name, flags in (("hsu2019", ("--tune-seeds", "--momentum-fractions", "--lrs")),
+                        ("hsu2020", ("--virtual-client-size", "--vc-zipf", "--fedir-alphas"))):
+        with pytest.raises(SystemExit) as exc:
+            study_main([name, "--help"])
+        assert exc.value.code == 0
+        text = capsys.readouterr().out
+        assert all(f in text for f in ("--budget", "--seeds", "--jobs", "--processes", "--out", *flags))
+
+
+class _DoneProc:
+    """A child that has already exited 0 (the runner polls it); no OS process."""
+
+    pid = 0
+    returncode = 0
+
+    def poll(self):
+        return 0
+
+    def wait(self, timeout=None):
+        return 0
+
+
+def test_partition_models_pruned_as_runs_end(tmp_path):
+    spec = runner.RunSpec("r", tmp_path / "r", ("--algo", "fedavg"), 2)
+
+    def launch(s, stdout, stderr):
+        for k in (0, 1):
+            (s.out / f"rank{k}").mkdir()
+            (s.out / f"rank{k}" / "model.pt").write_bytes(b"x")
+            (s.out / f"rank{k}" / "startup.json").write_text("{}")
+        (s.out / "model.pt").write_bytes(b"global")
+        (s.out / "summary.json").write_text(json.dumps({"final_val_accuracy": 0.5}))
+        return _DoneProc()
+
+    seen = []
+    res = runner.run_all([spec], launcher=launch, log=lambda m: None, poll_s=0.0,
+                         on_result=lambda r: (seen.append(r.status), hsu.prune_partition_models(r)))
+    assert seen == ["ok"] and res[0].succeeded
+    assert not list((tmp_path / "r").glob("rank*/model.pt")) and (tmp_path / "r" / "rank0" / "startup.json").exists()
+    assert (tmp_path / "r" / "model.pt").read_bytes() == b"global"
+
+
+def test_estimates_count_the_final_per_partition_evaluations(tmp_path):
+    # every client in every round: all partitions hold the last global model -> one distinct model; none run -> the initial
+    assert hsu.distinct_snapshots(4, 4, 3, 0) == 1 and hsu.distinct_snapshots(4, 1, 0, 0) == 1
+    args = hsu.parse_2019(["--out", str(tmp_path / "s"), "--alphas", "1", "--fractions", "0.4", "--momentum-fractions",
+                           "0.4", "--lrs", "0.1", "--betas", "0.9"])
+    run = hsu.plan_2019_tuning(args)[0]
+    assert run.client_steps == 800 * 40  # 100 rounds x 8 steps x 40 participants
+    d = hsu.distinct_snapshots(100, 40, 100, 0)
+    # 10 periodic evaluations (every 80 of 800 steps, the last one the final) + d partition models on 10,000 test
+    # images, and every partition's model on its own 500 examples
+    assert run.eval_images == (10 + d) * 10_000 + 100 * 500
+    train, evals = hsu.core_seconds(args, [run])
+    assert train == pytest.approx(32_000 * 0.22) and evals == pytest.approx(run.eval_images / 10_000 * 20.0)
