@@ -78,7 +78,7 @@ class RunTiming:
 
 def run_geodml(k: int, algo: str, steps: int, workdir: Path, *, model: str, dataset: str = "cifar10",
                data_dir: Path | None = None, batch_size: int = 20, log_every: int = 10,
-               extra: tuple[str, ...] = ()) -> RunTiming:
+               extra: tuple[str, ...] = (), timeout_s: float = TIMEOUT_S) -> RunTiming:
     """Run ``torchrun --nproc_per_node=k -m geodml`` with ``--wan off`` and no evaluation
     inside the run; time it from rank 0's metrics.jsonl (which is polled for the first line)."""
     out = workdir / f"run-{algo}-k{k}-{time.monotonic_ns()}"
@@ -96,8 +96,8 @@ def run_geodml(k: int, algo: str, steps: int, workdir: Path, *, model: str, data
         while proc.poll() is None:
             if first_log != first_log and metrics.exists() and metrics.stat().st_size > 0:
                 first_log = time.monotonic() - t0
-            if time.monotonic() - t0 > TIMEOUT_S:
-                raise TimeoutError(f"geodml run {algo} K={k} exceeded {TIMEOUT_S} s")
+            if time.monotonic() - t0 > timeout_s:
+                raise TimeoutError(f"geodml run {algo} K={k} exceeded {timeout_s:g} s")
             time.sleep(0.005 if first_log != first_log else 0.05)
         total = time.monotonic() - t0
         err = proc.stderr.read() if proc.stderr else ""

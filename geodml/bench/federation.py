@@ -80,7 +80,8 @@ def measure(cfg: Config, steps: int, workdir: Path, dataset: str, model: str) ->
     # carries the final evaluation, is not one of them
     t = run_geodml(cfg.processes, cfg.algo, steps + log_every, workdir, model=model, dataset=dataset,
                    batch_size=BATCH, log_every=log_every,
-                   extra=(*cfg.flags(), "--partitions", str(cfg.partitions)))
+                   extra=(*cfg.flags(), "--partitions", str(cfg.partitions)),
+                   timeout_s=3600.0)  # 10,000 clients of LeNet take ~15 min on 2 cores
     assert t.out is not None
     owner = process_of(cfg.partitions, cfg.processes)
     peak = [0] * cfg.processes
