@@ -296,3 +296,16 @@ def matplotlib_pyplot():
         print("warning: matplotlib is not installed; no PNGs (pip install 'geodml[plot]')", file=sys.stderr)
         return None
     return plt
+
+
+def write_outputs(name: str, rep: dict, out: Path, *, markdown: Callable[[dict], str],
+                  csvs: Callable[[dict, Path], list[Path]], plots: Callable[[dict, Path], list[Path]] | None
+                  ) -> tuple[str, list[Path]]:
+    """A study's NAME.md, its CSVs, NAME.json and (``plots`` given) its PNGs in ``out``: the
+    markdown text and every path written."""
+    out.mkdir(parents=True, exist_ok=True)
+    text = markdown(rep)
+    (out / f"{name}.md").write_text(text)
+    (out / f"{name}.json").write_text(json.dumps(rep, indent=2) + "\n")
+    paths = [out / f"{name}.md", *csvs(rep, out), out / f"{name}.json"]
+    return text, paths + (plots(rep, out) if plots is not None else [])

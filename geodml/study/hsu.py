@@ -87,6 +87,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from geodml.config import DATASETS
+from geodml.study.common import matplotlib_pyplot
 from geodml.study.paper import StudyError, fmt
 from geodml.study.runner import Launcher, RunResult, RunSpec, finite_floats, run_all, torchrun_launcher, validate_spec
 
@@ -504,17 +505,6 @@ def runs_table(outs: Sequence[Outcome]) -> list[str]:
     return lines
 
 
-def _pyplot():
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("warning: matplotlib is not installed; no PNGs (pip install 'geodml[plot]')", file=sys.stderr)
-        return None
-    return plt
-
-
 def write_report(name: str, out: Path, text: str, report: dict, table: list[dict[str, Any]]) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.md").write_text(text)
@@ -812,7 +802,7 @@ def markdown_2019(args: argparse.Namespace, cells: dict[CellKey, CellResult], ou
 
 
 def plots_2019(args: argparse.Namespace, cells: dict[CellKey, CellResult], out: Path) -> list[Path]:
-    plt = _pyplot()
+    plt = matplotlib_pyplot()
     if plt is None:
         return []
     alphas = sorted(args.alphas, reverse=True)
@@ -1326,7 +1316,7 @@ COLORS = {("fedavg", False): "tab:blue", ("fedavg", True): "tab:cyan", ("fedavgm
 
 
 def plots_2020(args: argparse.Namespace, outs: Sequence[Outcome], gains: dict, out: Path) -> list[Path]:
-    plt = _pyplot()
+    plt = matplotlib_pyplot()
     if plt is None:
         return []
     paths = []

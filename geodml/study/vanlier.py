@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import math
 import sys
 from dataclasses import dataclass
@@ -426,12 +425,8 @@ def write_plots(rep: dict, out: Path) -> list[Path]:
 
 
 def write_outputs(rep: dict, out: Path, *, plots: bool = True) -> tuple[str, list[Path]]:
-    out.mkdir(parents=True, exist_ok=True)
-    text = format_markdown(rep)
-    (out / f"{NAME}.md").write_text(text)
-    (out / f"{NAME}.json").write_text(json.dumps(rep, indent=2) + "\n")
-    paths = [out / f"{NAME}.md", *write_csvs(rep, out), out / f"{NAME}.json"]
-    return text, paths + (write_plots(rep, out) if plots else [])
+    return common.write_outputs(NAME, rep, out, markdown=format_markdown, csvs=write_csvs,
+                                plots=write_plots if plots else None)
 
 
 # ---- entry point -------------------------------------------------------------------------------
