@@ -107,10 +107,10 @@ def test_html_report_of_runs(tmp_path):
 
 def test_html_report_of_a_study(tmp_path):
     study = make_study(tmp_path)
-    assert is_study_dir(study) and not is_study_dir(study / "bsp-iid")
-    runs, studies = load_inputs([study, study / "bsp-iid"])  # a run named twice is shown once
-    assert [r.name for r in runs] == ["bsp-iid", "bsp-noniid-100", "gaia-t0-0.1-iid", "gaia-t0-0.1-noniid-100"]
-    assert runs[2].label == "CNN Gaia T0=10% iid (gaia-t0-0.1-iid)"  # the study's own series names
+    assert is_study_dir(study) and not is_study_dir(study / "bsp-iid-s0")
+    runs, studies = load_inputs([study, study / "bsp-iid-s0"])  # a run named twice is shown once
+    assert [r.name for r in runs] == ["bsp-iid-s0", "bsp-noniid-100-s0", "gaia-t0-0.1-iid-s0", "gaia-t0-0.1-noniid-100-s0"]
+    assert runs[2].label == "LeNet Gaia T0=10% iid (gaia-t0-0.1-iid-s0)"  # the study's own series names
     page = write_html([study], tmp_path / "study.html").read_text()
     _self_contained(page)
     assert '<section class="study" id="study-noniid"><h2>Study: noniid (Quagmire Figure 1)</h2>' in page

@@ -31,6 +31,11 @@ def flag(argv, name):
 # ---- budgets, learning rates, planning -----------------------------------------------------------
 
 def test_learning_rate_per_algorithm():
+    """The paper's rule: one eta; its BSP sums K gradients, geodml's averages, so BSP runs at K x eta."""
+    assert paper.lr_for("bsp", 0.002, 5, "paper") == 0.01 and paper.lr_for("bsp", 0.005, 2, "paper") == 0.01
+    for algo in ("gaia", "dgc", "fedavg"):
+        assert paper.lr_for(algo, 0.002, 5, "paper") == 0.002
+    # the rule of the studies before issue 21, kept for their reports
     assert paper.lr_for("bsp", 0.01, 5, "divide") == 0.01 and paper.lr_for("fedavg", 0.01, 5, "divide") == 0.01
     assert paper.lr_for("gaia", 0.01, 5, "divide") == pytest.approx(0.002)
     assert paper.lr_for("dgc", 0.02, 4, "divide") == pytest.approx(0.005)
@@ -39,55 +44,81 @@ def test_learning_rate_per_algorithm():
 
 def test_full_budget_scales_schedule_and_dgc_warmup(tmp_path):
     args, budget, cells = planned("noniid", ["--epochs", "4", "--lr", "0.01", "--dataset", "digits"], tmp_path)
-    assert budget.flags() == ["--epochs", "4", "--lr-milestones", "2,3", "--eval-every", "500"]  # 64,96 of 128
-    dgc = cells["dgc-e_warm-8-iid"].spec.argv
+    assert budget.flags() == ["--epochs", "4", "--lr-milestones", "2,3", "--eval-every", "500", "--batch-size", "20"]
+    assert len(cells) == 8 * 3  # seeds 0, 1, 2 by default
+    dgc = cells["dgc-e_warm-8-iid-s0"].spec.argv
     assert flag(dgc, "--e-warm") == "0.25"  # 8 paper epochs x 4/128
-    assert flag(dgc, "--lr") == "0.002" and flag(cells["gaia-t0-0.1-noniid-100"].spec.argv, "--lr") == "0.002"
-    assert flag(cells["bsp-iid"].spec.argv, "--lr") == "0.01"
-    assert flag(cells["fedavg-iter_local-20-iid"].spec.argv, "--lr") == "0.01"
-    assert flag(cells["gaia-t0-0.1-iid"].spec.argv, "--t0") == "0.1"
-    assert flag(cells["fedavg-iter_local-20-iid"].spec.argv, "--iter-local") == "20"
-    non = cells["bsp-noniid-100"].spec.argv
-    assert flag(non, "--partition") == "label" and flag(non, "--skew") == "1"
-    # the paper's own schedule by default
-    _, b, _ = planned("noniid", [], tmp_path)
+    # eta = 0.01: Gaia, DGC and FedAvg at eta, BSP at K x eta
+    assert flag(dgc, "--lr") == "0.01" and flag(cells["gaia-t0-0.1-noniid-100-s1"].spec.argv, "--lr") == "0.01"
+    assert flag(cells["bsp-iid-s0"].spec.argv, "--lr") == "0.05"
+    assert flag(cells["fedavg-iter_local-20-iid-s2"].spec.argv, "--lr") == "0.01"
+    assert flag(cells["gaia-t0-0.1-iid-s0"].spec.argv, "--t0") == "0.1"
+    assert flag(cells["fedavg-iter_local-20-iid-s0"].spec.argv, "--iter-local") == "20"
+    non = cells["bsp-noniid-100-s2"].spec.argv
+    assert flag(non, "--partition") == "label" and flag(non, "--skew") == "1" and flag(non, "--seed") == "2"
+    assert cells["bsp-noniid-100-s2"].seed == 2 and flag(non, "--model") == "lenet"  # the paper's network by default
+    # the paper's own schedule and eta by default: BSP at 5 x 0.002
+    _, b, cells = planned("noniid", [], tmp_path)
     assert b.flags()[:4] == ["--epochs", "128", "--lr-milestones", "64,96"] and b.lr == 0.002
+    assert flag(cells["bsp-iid-s0"].spec.argv, "--lr") == "0.01"
+    assert flag(cells["gaia-t0-0.1-iid-s0"].spec.argv, "--lr") == "0.002"
+    # the earlier rule on request (--sum-lr is its old name)
+    _, _, cells = planned("noniid", ["--sum-lr", "divide", "--lr", "0.01", "--seeds", "4"], tmp_path)
+    assert flag(cells["bsp-iid-s4"].spec.argv, "--lr") == "0.01"
+    assert flag(cells["gaia-t0-0.1-iid-s4"].spec.argv, "--lr") == "0.002"
+    assert flag(cells["fedavg-iter_local-20-iid-s4"].spec.argv, "--lr") == "0.01" and len(cells) == 8
 
 
 @pytest.mark.parametrize("name, argv, count, some", [
-    ("noniid", [], 8, "dgc-e_warm-8-noniid-100"),
-    ("norm", [], 16, "gaia-t0-0.1-gn-cnn-noniid-100"),
-    ("skew", [], 12, "fedavg-iter_local-20-gn-cnn-noniid-80"),   # 4 algos x (iid, 20%, 80%)
-    ("skew", ["--budget", "full"], 20, "bsp-gn-cnn-noniid-40"),  # 4 algos x (iid, 20, 40, 60, 80%)
-    ("hparams", [], 14, "dgc-e_warm-1-noniid-100"),               # BSP x2 + 3 algos x 2 grid ends x 2
-    ("hparams", ["--budget", "full"], 40, "fedavg-iter_local-500-iid"),  # 2 + (7 + 7 + 5) x 2
-    ("dirichlet", [], 4, "fedavgm-iter_local-20-dirichlet-0.1"),
-    ("noniid", ["--algos", "fedavg"], 4, "bsp-iid"),               # BSP is always added
+    ("noniid", [], 8, "dgc-e_warm-8-noniid-100-s0"),
+    ("noniid", ["--model", "resnet20"], 8, "gaia-t0-0.1-noniid-100-s0"),  # BN-ResNet-20, Figure 1's
+    ("norm", [], 24, "gaia-t0-0.1-gn-lenet-noniid-100-s0"),       # (BN, GN, GN 2 groups) x 4 algos x 2
+    ("norm", [], 24, "bsp-gn2g-lenet-iid-s0"),
+    ("skew", [], 12, "fedavg-iter_local-20-gn-lenet-noniid-80-s0"),   # 4 algos x (iid, 20%, 80%)
+    ("skew", ["--budget", "full", "--seeds", "0"], 20, "bsp-gn-lenet-noniid-40-s0"),  # 4 algos x (iid, 20..80%)
+    ("skew", ["--budget", "full"], 60, "bsp-gn-lenet-noniid-40-s2"),  # x 3 seeds
+    ("hparams", [], 14, "dgc-e_warm-1-noniid-100-s0"),               # BSP x2 + 3 algos x 2 grid ends x 2
+    ("hparams", ["--budget", "full", "--seeds", "0"], 40, "fedavg-iter_local-500-iid-s0"),  # 2 + (7 + 7 + 5) x 2
+    ("dirichlet", [], 4, "fedavgm-iter_local-20-dirichlet-0.1-s0"),
+    ("noniid", ["--algos", "fedavg"], 4, "bsp-iid-s0"),               # BSP is always added
+    ("brn", [], 4, "bsp-brn-lenet-noniid-100-s0"),                    # Table 9: BN, BRN x IID, non-IID
+    ("brn", ["--budget", "full"], 12, "bsp-bn-lenet-iid-s2"),  # the 2-partition solver: eta 0.005, batch 50
 ])
 def test_study_plans(name, argv, count, some, tmp_path):
     budget = [] if "--budget" in argv else ["--budget", "quick"]
     _, _, cells = planned(name, [*budget, *argv], tmp_path)
     assert len(cells) == count and some in cells
+    if name == "brn":  # Table 9 is K = 2, BSP only
+        assert all(c.spec.nproc == 2 and c.algo == "bsp" for c in cells.values())
+        if "full" in argv:  # BSP at K x eta = 2 x 0.005, 50 per partition (global batch 100, as at K = 5)
+            assert flag(cells[some].spec.argv, "--lr") == "0.01" and flag(cells[some].spec.argv, "--batch-size") == "50"
+        assert flag(cells["bsp-brn-lenet-iid-s0"].spec.argv, "--norm") == "batchrenorm"
 
 
 def test_study_model_choice(tmp_path):
-    """--model cnn (the default: what the studies ran before issue 21) or lenet (the authors' network)."""
+    """--model lenet (the default: the authors' network), cnn (what the studies ran before issue 21) or resnet20."""
+    _, _, cells = planned("norm", ["--budget", "quick", "--model", "cnn"], tmp_path)
+    assert flag(cells["bsp-bn-cnn-iid-s0"].spec.argv, "--model") == "cnn" and cells["bsp-bn-cnn-iid-s0"].model == "BN-CNN"
     _, _, cells = planned("norm", ["--budget", "quick"], tmp_path)
-    assert flag(cells["bsp-bn-cnn-iid"].spec.argv, "--model") == "cnn" and cells["bsp-bn-cnn-iid"].model == "BN-CNN"
-    _, _, cells = planned("norm", ["--budget", "quick", "--model", "lenet"], tmp_path)
-    assert flag(cells["bsp-gn-lenet-iid"].spec.argv, "--model") == "lenet"
-    assert cells["bsp-gn-lenet-iid"].model == "GN-LeNet" and cells["bsp-gn-lenet-iid"].spec.argv.count("--model") == 1
+    assert flag(cells["bsp-gn-lenet-iid-s0"].spec.argv, "--model") == "lenet"
+    assert cells["bsp-gn-lenet-iid-s0"].model == "GN-LeNet" and cells["bsp-gn-lenet-iid-s0"].spec.argv.count("--model") == 1
     assert paper.model_label("lenet", "batchrenorm") == "BRN-LeNet"
+    # Figure 1's ResNet-20 has BatchNorm: the un-normalized figures run it as BN-ResNet-20, untagged
+    _, _, cells = planned("noniid", ["--budget", "quick", "--model", "resnet20"], tmp_path)
+    assert flag(cells["bsp-iid-s0"].spec.argv, "--norm") == "batch" and cells["bsp-iid-s0"].model == "BN-ResNet-20"
 
 
 def test_norm_and_dirichlet_flags(tmp_path):
     _, _, cells = planned("norm", ["--budget", "quick"], tmp_path)
-    assert flag(cells["bsp-bn-cnn-iid"].spec.argv, "--norm") == "batch"
-    assert flag(cells["bsp-gn-cnn-iid"].spec.argv, "--norm") == "group"
+    assert flag(cells["bsp-bn-lenet-iid-s0"].spec.argv, "--norm") == "batch"
+    gn = cells["bsp-gn-lenet-iid-s0"].spec.argv
+    assert flag(gn, "--norm") == "group" and "--gn-groups" not in gn  # the text's reading: group size 2
+    gn2 = cells["bsp-gn2g-lenet-iid-s0"].spec.argv  # the released prototxt's: 2 groups
+    assert flag(gn2, "--norm") == "group" and flag(gn2, "--gn-groups") == "2"
     _, _, cells = planned("dirichlet", ["--budget", "quick", "--server-momentum", "0.8"], tmp_path)
-    m = cells["fedavgm-iter_local-20-dirichlet-0.1"].spec.argv
+    m = cells["fedavgm-iter_local-20-dirichlet-0.1-s0"].spec.argv
     assert flag(m, "--alpha") == "0.1" and flag(m, "--server-momentum") == "0.8" and flag(m, "--server-lr") == "0.2"
-    assert "--server-momentum" not in cells["fedavg-iter_local-20-dirichlet-0.1"].spec.argv
+    assert "--server-momentum" not in cells["fedavg-iter_local-20-dirichlet-0.1-s0"].spec.argv
 
 
 def _fig8(tmp_path, *extra):
@@ -103,7 +134,7 @@ def test_skewscout_plan_seeds_grid_and_cadence(tmp_path):
                           "gaia-t0-0.05-label-1-s0", "gaia-t0-0.5-label-1-s0", "gaia-skewscout-label-1-s0",
                           "gaia-t0-0.05-label-1-s1", "gaia-t0-0.5-label-1-s1", "gaia-skewscout-label-1-s1"]
     sc = runs["gaia-skewscout-label-1-s1"].spec.argv
-    assert flag(sc, "--seed") == "1" and flag(sc, "--lr") == "0.004" and flag(sc, "--norm") == "group"  # lr/K, GN-LeNet
+    assert flag(sc, "--seed") == "1" and flag(sc, "--lr") == "0.004" and flag(sc, "--norm") == "group"  # eta, GN-LeNet
     assert flag(sc, "--travel-decisions") == "128" and flag(sc, "--skewscout-grid") == "0.05,0.5"
     assert flag(sc, "--t0") == "0.1" and "--travel-every" not in sc  # starts at the paper's Figure 1 T0
     theta = runs["gaia-t0-0.5-label-1-s0"].spec.argv
@@ -179,9 +210,9 @@ def summ(acc, wan):
 
 
 QUICK = ["--budget", "quick", "--algos", "gaia,fedavg", "--nproc", "3"]
-DONE = {"bsp-iid": summ(0.90, 1_000_000), "bsp-noniid-100": summ(0.88, 1_000_000),
-        "gaia-t0-0.1-iid": summ(0.89, 50_000), "gaia-t0-0.1-noniid-100": summ(0.10, 40_000),
-        "fedavg-iter_local-20-iid": summ(0.905, 50_000), "fedavg-iter_local-20-noniid-100": summ(0.60, 50_000)}
+DONE = {"bsp-iid-s0": summ(0.90, 1_000_000), "bsp-noniid-100-s0": summ(0.88, 1_000_000),
+        "gaia-t0-0.1-iid-s0": summ(0.89, 50_000), "gaia-t0-0.1-noniid-100-s0": summ(0.10, 40_000),
+        "fedavg-iter_local-20-iid-s0": summ(0.905, 50_000), "fedavg-iter_local-20-noniid-100-s0": summ(0.60, 50_000)}
 
 
 def test_report_numbers_from_reused_runs(tmp_path, capsys):
@@ -191,10 +222,10 @@ def test_report_numbers_from_reused_runs(tmp_path, capsys):
     assert text.count("] reused ") == 6
     rep = json.loads((out / "noniid.json").read_text())
     by = {r["run_id"]: r for r in rep["rows"]}
-    assert by["gaia-t0-0.1-noniid-100"]["vs_bsp_iid_pp"] == pytest.approx(-80.0)  # 10% - 90%
-    assert by["gaia-t0-0.1-noniid-100"]["savings_vs_bsp"] == pytest.approx(25.0)  # 1e6 / 4e4 (BSP in the same setting)
-    assert by["fedavg-iter_local-20-iid"]["vs_bsp_iid_pp"] == pytest.approx(0.5)
-    assert by["bsp-noniid-100"]["vs_bsp_iid_pp"] == pytest.approx(-2.0) and by["bsp-iid"]["savings_vs_bsp"] == 1.0
+    assert by["gaia-t0-0.1-noniid-100-s0"]["vs_bsp_iid_pp"] == pytest.approx(-80.0)  # 10% - 90%
+    assert by["gaia-t0-0.1-noniid-100-s0"]["savings_vs_bsp"] == pytest.approx(25.0)  # 1e6 / 4e4 (BSP in the same setting)
+    assert by["fedavg-iter_local-20-iid-s0"]["vs_bsp_iid_pp"] == pytest.approx(0.5)
+    assert by["bsp-noniid-100-s0"]["vs_bsp_iid_pp"] == pytest.approx(-2.0) and by["bsp-iid-s0"]["savings_vs_bsp"] == 1.0
     md = (out / "noniid.md").read_text()
     assert "| Gaia T0=10% | 89.0% (-1.0 pp) | 10.0% (-80.0 pp) |" in md
     assert "| FedAvg Iter_Local=20 | 90.5% (+0.5 pp) | 60.0% (-30.0 pp) |" in md
@@ -203,7 +234,7 @@ def test_report_numbers_from_reused_runs(tmp_path, capsys):
     assert "| BSP | 90.0% (+0.0 pp) | 88.0% (-2.0 pp) | 77.4% (+0.0 pp) | 76.6% (-0.8 pp) |" in md
     with open(out / "noniid.csv") as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 6 and rows[0]["run_id"] == "bsp-iid" and float(rows[3]["savings_vs_bsp"]) == pytest.approx(25.0)
+    assert len(rows) == 6 and rows[0]["run_id"] == "bsp-iid-s0" and float(rows[3]["savings_vs_bsp"]) == pytest.approx(25.0)
     for png in ("accuracy.png", "accuracy_vs_wan_bytes.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -211,13 +242,13 @@ def test_report_numbers_from_reused_runs(tmp_path, capsys):
 def test_hparams_report_pairs_each_knob_with_the_paper(tmp_path, capsys):
     """Tables 6-8 from reused runs: savings beside accuracy, the paper's LeNet value of the same knob, knobs.png."""
     argv = ["--budget", "quick", "--nproc", "3"]
-    done = {"bsp-iid": summ(0.90, 1_000_000), "bsp-noniid-100": summ(0.89, 1_000_000),
-            "gaia-t0-0.02-iid": summ(0.89, 100_000), "gaia-t0-0.02-noniid-100": summ(0.80, 400_000),
-            "gaia-t0-0.5-iid": summ(0.88, 20_000), "gaia-t0-0.5-noniid-100": summ(0.50, 250_000),
-            "fedavg-iter_local-5-iid": summ(0.9, 200_000), "fedavg-iter_local-5-noniid-100": summ(0.7, 200_000),
-            "fedavg-iter_local-1000-iid": summ(0.8, 1_000), "fedavg-iter_local-1000-noniid-100": summ(0.3, 1_000),
-            "dgc-e_warm-8-iid": summ(0.85, 125_000), "dgc-e_warm-8-noniid-100": summ(0.6, 125_000),
-            "dgc-e_warm-1-iid": summ(0.84, 50_000), "dgc-e_warm-1-noniid-100": summ(0.5, 50_000)}
+    done = {"bsp-iid-s0": summ(0.90, 1_000_000), "bsp-noniid-100-s0": summ(0.89, 1_000_000),
+            "gaia-t0-0.02-iid-s0": summ(0.89, 100_000), "gaia-t0-0.02-noniid-100-s0": summ(0.80, 400_000),
+            "gaia-t0-0.5-iid-s0": summ(0.88, 20_000), "gaia-t0-0.5-noniid-100-s0": summ(0.50, 250_000),
+            "fedavg-iter_local-5-iid-s0": summ(0.9, 200_000), "fedavg-iter_local-5-noniid-100-s0": summ(0.7, 200_000),
+            "fedavg-iter_local-1000-iid-s0": summ(0.8, 1_000), "fedavg-iter_local-1000-noniid-100-s0": summ(0.3, 1_000),
+            "dgc-e_warm-8-iid-s0": summ(0.85, 125_000), "dgc-e_warm-8-noniid-100-s0": summ(0.6, 125_000),
+            "dgc-e_warm-1-iid-s0": summ(0.84, 50_000), "dgc-e_warm-1-noniid-100-s0": summ(0.5, 50_000)}
     out = fake_runs(tmp_path, "hparams", argv, done)
     assert paper.hparams([*argv, "--out", str(out)], launcher=no_launch) == 0
     md = (out / "hparams.md").read_text()
@@ -229,14 +260,47 @@ def test_hparams_report_pairs_each_knob_with_the_paper(tmp_path, capsys):
     assert "| 84.0% (-6.0 pp, x20.0) | 50.0% (-40.0 pp, x20.0) | 10.0% (-67.4 pp) | 39.9% (-37.5 pp) |" in md
     with open(out / "hparams.csv") as f:
         rows = {r["run_id"]: r for r in csv.DictReader(f)}
-    assert float(rows["dgc-e_warm-1-iid"]["theta"]) == 1.0
-    assert float(rows["dgc-e_warm-1-iid"]["paper_accuracy"]) == pytest.approx(0.1)
-    assert rows["bsp-iid"]["theta"] == "" and float(rows["bsp-noniid-100"]["paper_accuracy"]) == pytest.approx(0.766)
+    assert float(rows["dgc-e_warm-1-iid-s0"]["theta"]) == 1.0
+    assert float(rows["dgc-e_warm-1-iid-s0"]["paper_accuracy"]) == pytest.approx(0.1)
+    assert rows["bsp-iid-s0"]["theta"] == "" and float(rows["bsp-noniid-100-s0"]["paper_accuracy"]) == pytest.approx(0.766)
     assert (out / "knobs.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # no paper number exists for other models, other skews or FedAvgM
     assert paper.paper_accuracy("gaia", 0.1, "GN-LeNet", "iid") is None
     assert paper.paper_accuracy("gaia", 0.1, "LeNet", "noniid-80%") is None
     assert paper.paper_accuracy("fedavgm", 20.0, "LeNet", "iid") is None
+
+
+def test_seeds_mean_sd_and_the_partitions_own_accuracy(tmp_path, capsys):
+    """Two seeds: cells are mean +- sample sd; accuracy is the partitions' own models' mean (the
+    released code's measure), the averaged weights' beside it; per-run rows pair with BSP-IID of their seed."""
+    argv = ["--budget", "quick", "--algos", "gaia", "--nproc", "2", "--seeds", "0,1"]
+
+    def run(per, final, wan):
+        return {**summ(final, wan), "per_rank_val_accuracy": per}
+    done = {"bsp-iid-s0": run([0.90, 0.90], 0.90, 1_000_000), "bsp-iid-s1": run([0.92, 0.92], 0.92, 1_000_000),
+            "bsp-noniid-100-s0": run([0.88, 0.88], 0.88, 1_000_000), "bsp-noniid-100-s1": run([0.86, 0.86], 0.86, 1_000_000),
+            "gaia-t0-0.1-iid-s0": run([0.88, 0.88], 0.88, 50_000), "gaia-t0-0.1-iid-s1": run([0.90, 0.90], 0.90, 50_000),
+            "gaia-t0-0.1-noniid-100-s0": run([0.10, 0.30], 0.60, 40_000),   # own models 20%, averaged weights 60%
+            "gaia-t0-0.1-noniid-100-s1": run([0.20, 0.40], 0.70, 60_000)}   # 30%, 70%
+    out = fake_runs(tmp_path, "noniid", argv, done)
+    assert paper.noniid([*argv, "--out", str(out)], launcher=no_launch) == 0
+    md = (out / "noniid.md").read_text()
+    # BSP-IID 91 +- 1.414 (sd of 0.90, 0.92); Gaia non-IID own 25 +- 7.07 (-66 pp), averaged 65 +- 7.07
+    assert "| BSP | 91.0 ± 1.4% (+0.0 pp) | 87.0 ± 1.4% (-4.0 pp) |" in md
+    assert ("| Gaia T0=10% | 89.0 ± 1.4% (-2.0 pp) | 25.0 ± 7.1% (-66.0 pp, averaged weights 65.0 ± 7.1%) "
+            "| 76.7% (-0.7 pp) | 10.0% (-67.4 pp) |") in md
+    rep = json.loads((out / "noniid.json").read_text())
+    by = {r["run_id"]: r for r in rep["rows"]}
+    assert by["gaia-t0-0.1-noniid-100-s1"]["accuracy"] == pytest.approx(0.30)
+    assert by["gaia-t0-0.1-noniid-100-s1"]["vs_bsp_iid_pp"] == pytest.approx(30 - 92)  # its own seed's BSP-IID
+    assert by["gaia-t0-0.1-noniid-100-s1"]["savings_vs_bsp"] == pytest.approx(1e6 / 6e4)
+    cell = next(c for c in rep["cells"] if c["algo"] == "gaia" and c["setting"] == "noniid-100%")
+    assert cell["accuracy"] == pytest.approx(0.25) and cell["accuracy_sd"] == pytest.approx(0.05 * 2 ** 0.5)
+    assert cell["global_accuracy"] == pytest.approx(0.65) and cell["savings_vs_bsp"] == pytest.approx(20.0)  # 1e6 / 5e4
+    assert cell["seeds"] == "0,1" and cell["status"] == "ok" and rep["seeds"] == [0, 1] and rep["lr_rule"] == "paper"
+    with open(out / "noniid_cells.csv") as f:
+        cells = list(csv.DictReader(f))
+    assert len(cells) == 4 and float(cells[0]["accuracy_sd"]) == pytest.approx(0.01 * 2 ** 0.5)
 
 
 def python_launcher(code):
@@ -248,16 +312,16 @@ def python_launcher(code):
 
 @pytest.mark.integration
 def test_failed_run_is_reported_and_excluded(tmp_path, capsys):
-    out = fake_runs(tmp_path, "noniid", QUICK, {**DONE, "bsp-iid": None})
+    out = fake_runs(tmp_path, "noniid", QUICK, {**DONE, "bsp-iid-s0": None})
     failing = python_launcher("import sys; sys.stderr.write('boom: no data\\n'); sys.exit(3)")
     assert paper.noniid([*QUICK, "--out", str(out)], launcher=failing) == 1
     captured = capsys.readouterr()
-    assert "FAILED bsp-iid" in captured.out and "boom: no data" in captured.out and "bsp-iid" in captured.err
+    assert "FAILED bsp-iid" in captured.out and "boom: no data" in captured.out and "bsp-iid-s0" in captured.err
     rep = json.loads((out / "noniid.json").read_text())
-    assert rep["failed"] == ["bsp-iid"]
+    assert rep["failed"] == ["bsp-iid-s0"]
     assert all(r["vs_bsp_iid_pp"] is None for r in rep["rows"])  # no reference, no relative numbers
     md = (out / "noniid.md").read_text()
-    assert "| BSP | FAILED (exit 3) | 88.0% |" in md and "Failed (excluded from comparisons): bsp-iid: exit code 3" in md
+    assert "| BSP | FAILED (exit 3) | 88.0% |" in md and "Failed (excluded from comparisons): bsp-iid-s0: exit code 3" in md
 
 
 # ---- one real quick study (machinery, not science) --------------------------------------------------
@@ -270,12 +334,16 @@ def test_quick_noniid_study_runs_and_resumes(tmp_path, capsys):
             "--run-timeout", "240", "--", "--no-progress", "--comm-timeout", "120"]
     assert paper.noniid(argv) == 0, capsys.readouterr()
     rep = json.loads((out / "noniid.json").read_text())
-    assert [r["run_id"] for r in rep["rows"]] == ["bsp-iid", "bsp-noniid-100", "gaia-t0-0.1-iid", "gaia-t0-0.1-noniid-100"]
+    assert [r["run_id"] for r in rep["rows"]] == ["bsp-iid-s0", "bsp-noniid-100-s0", "gaia-t0-0.1-iid-s0",
+                                                  "gaia-t0-0.1-noniid-100-s0"]
     for r in rep["rows"]:
         s = json.loads((Path(r["dir"]) / "summary.json").read_text())
         cfg = json.loads((Path(r["dir"]) / "config.json").read_text())["config"]
-        assert r["status"] == "ok" and s["steps"] == 4 and s["world_size"] == 2 and r["accuracy"] == s["final_val_accuracy"]
-        assert cfg["optim"]["lr"] == pytest.approx(0.01 if r["algo"] == "gaia" else 0.02)  # Gaia: 0.02 / K
+        assert r["status"] == "ok" and s["steps"] == 4 and s["world_size"] == 2
+        # the partitions' own models' mean (the released code's measure) beside the averaged/global model's
+        assert r["accuracy"] == pytest.approx(sum(s["per_rank_val_accuracy"]) / 2) and len(s["per_rank_val_accuracy"]) == 2
+        assert r["global_accuracy"] == s["final_val_accuracy"]
+        assert cfg["optim"]["lr"] == pytest.approx(0.004 if r["algo"] == "gaia" else 0.008)  # eta 0.004, BSP K x eta
         assert cfg["data"]["partition"] == ("iid" if r["setting"] == "iid" else "label")
         host = json.loads((Path(r["dir"]) / "config.json").read_text())["host"]  # what the float results depend on
         assert host["torch"] == torch.__version__ and host["cpu_capability"] == torch.backends.cpu.get_cpu_capability()

@@ -50,6 +50,14 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"geodml.study {self.study}: error: {message}\n")
 
 
+def run_accuracy(summary: dict) -> float:
+    """The Quagmire studies' accuracy of a finished run: the mean of its partitions' own models'
+    validation accuracies (``per_rank_val_accuracy``), what the authors' released code reports
+    (geodml.study.paper, "Which accuracy"); ``final_val_accuracy`` for a summary without them."""
+    per = summary.get("per_rank_val_accuracy")
+    return statistics.fmean(per) if per else summary["final_val_accuracy"]
+
+
 def seed_list(text: str) -> tuple[int, ...]:
     """argparse type of ``--seeds 0,1,2``: distinct integers >= 0."""
     try:

@@ -8,7 +8,8 @@ BSP and needs 1.1-1.5x the Oracle's bytes. This study runs, for every seed of ``
 every level of ``--levels`` (full: 20/40/60/80/100%; quick: 20% and 100%), all in one study so
 the Oracle and SkewScout share seeds, budget, network and target:
 
-(a) BSP, IID: the target. Target = mean over the seeds of BSP-IID's final accuracy; a run or
+(a) BSP, IID: the target. Target = mean over the seeds of BSP-IID's final accuracy (every accuracy
+    here is ``common.run_accuracy``, the partitions' own models' mean, as the released code reports); a run or
     an aggregate *meets the target* when its accuracy >= target - ``--tolerance`` (absolute,
     default 0.01 = 1 pp; the report states the BSP-IID seeds' standard deviation beside it, and
     says so when the tolerance is below twice that, i.e. within the seeds' noise);
@@ -61,6 +62,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from geodml.study import paper
+from geodml.study.common import run_accuracy
 from geodml.study.runner import Launcher, RunResult, RunSpec, finite_floats, run_all, torchrun_launcher
 
 PAPER_DECISIONS = 128
@@ -102,20 +104,9 @@ class Fig8Run:
 
 # ---- arguments ---------------------------------------------------------------------------------
 
-def _seeds(text: str) -> tuple[int, ...]:
-    try:
-        seeds = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 0,1,2, got {text!r}") from None
-    if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
-        raise argparse.ArgumentTypeError(f"expected distinct seeds >= 0, got {text!r}")
-    return seeds
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """This study's flags, beside paper.build_parser's common ones."""
     p.set_defaults(model="lenet")  # the paper's network (the common parser's default is cnn)
-    p.add_argument("--seeds", type=_seeds, help="seeds, every run once per seed (default: full 0,1,2; quick 0)")
     p.add_argument("--levels", type=finite_floats, help="non-IID fractions (default: full 0.2,0.4,0.6,0.8,1; quick 0.2,1)")
     p.add_argument("--norm", choices=("group", "none"), default="group",
                    help="LeNet's normalization: group = GN-LeNet (Figure 6's network for the skew levels), none = LeNet")
@@ -156,7 +147,6 @@ def check_args(args: argparse.Namespace) -> None:
 def parse(argv: list[str]) -> tuple[argparse.Namespace, paper.Budget]:
     args = paper.parse_args("skewscout", argv)
     quick = args.budget == "quick"
-    args.seeds = args.seeds or ((0,) if quick else (0, 1, 2))
     args.levels = args.levels or (LEVELS_QUICK if quick else LEVELS_FULL)
     if args.travel_every is None and args.travel_decisions is None:
         args.travel_decisions = PAPER_DECISIONS
@@ -193,7 +183,7 @@ def plan(args: argparse.Namespace, budget: paper.Budget) -> list[Fig8Run]:
 
     def add(role: str, level: float | None, algo: str, theta: float | None, seed: int, slug: str,
             flags: tuple[str, ...]) -> None:
-        lr = paper.lr_for(algo, budget.lr, args.nproc, args.sum_lr)
+        lr = paper.lr_for(algo, budget.lr, args.nproc, args.lr_rule)
         data = paper.data_flags(args.dataset, "iid", None) if level is None else paper.data_flags(args.dataset, "label",
                                                                                                   level)
         rid = f"{slug}-{_label(level)}-s{seed}"
@@ -242,7 +232,7 @@ class Aggregate:
 
 def aggregate(runs: list[Fig8Run], by_id: dict[str, RunResult]) -> Aggregate:
     ok = [(r.seed, by_id[r.spec.run_id].summary) for r in runs if by_id[r.spec.run_id].succeeded]
-    accs = tuple(float(s["final_val_accuracy"]) for _, s in ok if s is not None)
+    accs = tuple(run_accuracy(s) for _, s in ok if s is not None)
     byts = [float(s["wan_bytes_total"]) for _, s in ok if s is not None]
     return Aggregate(accuracy=statistics.fmean(accs) if accs else None,
                      accuracy_sd=statistics.stdev(accs) if len(accs) >= 2 else None,
@@ -326,7 +316,8 @@ def build_report(args: argparse.Namespace, budget: paper.Budget, runs: list[Fig8
             "figure8": rows, "failed": failed,
             "runs": [{"run_id": r.spec.run_id, "role": r.role, "level": r.level, "algo": r.algo, "theta": r.theta,
                       "seed": r.seed, **by_id[r.spec.run_id].to_dict(),
-                      "accuracy": (by_id[r.spec.run_id].summary or {}).get("final_val_accuracy"),
+                      "accuracy": None if by_id[r.spec.run_id].summary is None
+                      else run_accuracy(by_id[r.spec.run_id].summary),
                       "wan_bytes_total": (by_id[r.spec.run_id].summary or {}).get("wan_bytes_total"),
                       "theta_final": (by_id[r.spec.run_id].summary or {}).get("theta_final")} for r in runs]}
 

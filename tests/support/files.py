@@ -89,8 +89,8 @@ def make_study(root: Path) -> Path:
 
     argv = ["--budget", "quick", "--algos", "gaia", "--nproc", "2", "--out", str(root / "study")]
     _, _, cells = paper.prepare("noniid", argv)
-    quality = {"bsp-iid": (200_000, 0.018), "bsp-noniid-100": (200_000, 0.017), "gaia-t0-0.1-iid": (5_000, 0.017),
-               "gaia-t0-0.1-noniid-100": (4_000, 0.006)}
+    quality = {"bsp-iid-s0": (200_000, 0.018), "bsp-noniid-100-s0": (200_000, 0.017), "gaia-t0-0.1-iid-s0": (5_000, 0.017),
+               "gaia-t0-0.1-noniid-100-s0": (4_000, 0.006)}
     for c in cells:
         per_step, gain = quality[c.spec.run_id]
         counts = ((50, 0, 5), (0, 40, 10)) if "noniid" in c.setting else ((30, 20, 5), (25, 20, 5))
