@@ -237,7 +237,8 @@ def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: 
     report = partition_report(labels, parts, ds.num_classes)
     startup.moved_to_preflight("data_s", pre.data_s)
 
-    model = build_from_config(cfg.model, ds.input_shape, ds.num_classes, generator_seed=cfg.seed).to(device)
+    model = build_from_config(cfg.model, ds.input_shape, ds.num_classes, generator_seed=cfg.seed,
+                              pixel_std=ds.pixel_std).to(device)
     flat = FlatParams(model)
     spe = steps_per_epoch(len(labels), world, cfg.optim.batch_size)
     total_steps = cfg.optim.steps or max(1, round(cfg.optim.epochs * spe))

@@ -147,7 +147,8 @@ class Pool:
         assert ds is not None
         labels = ds.train_y.numpy()
         report = partition_report(labels, pre.partitions, ds.num_classes)
-        model = build_from_config(cfg.model, ds.input_shape, ds.num_classes, generator_seed=cfg.seed)
+        model = build_from_config(cfg.model, ds.input_shape, ds.num_classes, generator_seed=cfg.seed,
+                                  pixel_std=ds.pixel_std)
         flat = FlatParams(model)
         self.spe = steps_per_epoch(len(labels), P, cfg.optim.batch_size)
         self.total_steps = cfg.optim.steps or max(1, round(cfg.optim.epochs * self.spe))

@@ -57,6 +57,7 @@ def test_idx_roundtrip(tmp_path, gz, name):
     np.testing.assert_allclose(unnormalize(ds, ds.train_x, raw_train), raw_train, atol=1e-3)
     np.testing.assert_allclose(unnormalize(ds, ds.test_x, raw_train), arrays[IDX_FILES[2]][:, None], atol=1e-3)
     assert_standardized(ds.train_x)
+    assert ds.pixel_std == pytest.approx(float(np.std(raw_train.astype(np.float64))), rel=1e-9)  # 8-bit units
 
 
 def test_plain_file_preferred_over_gz_and_both_accepted(tmp_path):
@@ -182,6 +183,7 @@ def test_debian_fashion_mnist():
     assert torch.bincount(ds.train_y).tolist() == [6000] * 10
     assert torch.bincount(ds.test_y).tolist() == [1000] * 10
     assert_standardized(ds.train_x)
+    assert ds.pixel_std == pytest.approx(0.3530 * 255, abs=0.05)  # the std usually quoted for Fashion-MNIST: 0.3530
 
 
 # ------------------------------------------------------------------ CIFAR-10
@@ -205,6 +207,8 @@ def test_cifar_roundtrip(tmp_path, protocol, point_at):
     np.testing.assert_allclose(pixels[0, 1, 0, :], train_data[0, 1024:1056], atol=1e-3)
     np.testing.assert_allclose(unnormalize(ds, ds.test_x, raw_train), test_data.reshape(-1, 3, 32, 32), atol=1e-3)
     assert_standardized(ds.train_x)
+    per_channel = raw_train.astype(np.float64).std(axis=(0, 2, 3))  # one scale: the channels' root mean square
+    assert ds.pixel_std == pytest.approx(float(np.sqrt(np.mean(per_channel ** 2))), rel=1e-9)
 
 
 def test_cifar_numpy1_module_names_accepted(tmp_path):

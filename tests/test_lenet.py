@@ -293,6 +293,20 @@ def test_one_sgd_step_reduces_the_loss(norm):
     assert loss_fn(m(x), y).item() < loss.item()
 
 
+@pytest.mark.parametrize("norm", ["none", "batch"])
+def test_input_at_caffes_pixel_scale(norm):
+    """LeNet(input_scale=s) on x is LeNet on x * s, bit for bit; build_from_config passes the dataset's pixel std."""
+    x = torch.randn(4, *DIGITS, generator=torch.Generator().manual_seed(1))
+    scaled = build_model("lenet", norm, DIGITS, 10, generator_seed=0, input_scale=93.5)
+    plain = build_model("lenet", norm, DIGITS, 10, generator_seed=0)
+    assert torch.equal(scaled(x), plain(x * 93.5))
+    assert build_from_config(ModelConfig(model="lenet"), DIGITS, 10, pixel_std=63.0).input_scale == 63.0
+    assert not any(b.is_floating_point() for b in scaled.buffers()) or norm != "none"  # a constant, not a buffer
+    assert not hasattr(build_from_config(ModelConfig(model="cnn"), DIGITS, 10, pixel_std=63.0), "input_scale")
+    with pytest.raises(ValueError, match="input_scale must be a finite number > 0"):
+        build_model("lenet", "none", DIGITS, 10, input_scale=0.0)
+
+
 def test_cli_flags_and_the_warning_for_an_unused_norm_option():
     from geodml.cli import parse_config
     warnings: list[str] = []

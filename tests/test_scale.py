@@ -59,6 +59,7 @@ def test_cache_is_bit_identical_and_keyed_on_the_source(tmp_path):
     assert (decoded1, decoded2) == (True, False)
     assert _digest(first) == _digest(again) == _digest(direct)
     assert again.num_classes == 10 and again.input_shape == (1, 6, 4)
+    assert first.pixel_std == again.pixel_std == direct.pixel_std > 1  # kept in meta.json
     assert len([p for p in cache.iterdir() if p.is_dir()]) == 1
     # Another file content (and mtime) is another entry: never a stale read.
     time.sleep(0.01)

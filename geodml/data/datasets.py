@@ -135,6 +135,11 @@ class Dataset:
     test_x: torch.Tensor
     test_y: torch.Tensor
     num_classes: int
+    pixel_std: float = 1.0
+    """The training set's per-channel pixel standard deviation before standardization (root mean
+    square over channels), in 8-bit units (0-255; digits' 0-16 scaled by 255/16). A standardized
+    image times this is (close to) the mean-subtracted raw image Caffe feeds its networks: the
+    authors' LeNet takes its input at that scale (geodml.models.lenet, ``input_scale``)."""
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
@@ -172,8 +177,10 @@ def _decode_dataset(name: str, data_dir: str | None, seed: int) -> Dataset:
     else:
         train_x, train_y, test_x, test_y = _load_cifar10(_cifar_dir(data_dir))
         num_classes = CIFAR_NUM_CLASSES
-    train_t, test_t = _standardize(train_x, test_x)
+    train_t, test_t, std = _standardize(train_x, test_x)
+    unit = 255.0 / DIGITS_MAX if name == "digits" else 1.0  # digits' pixels are 0..16, the rest 8-bit
     return Dataset(
+        pixel_std=float(np.sqrt(np.mean(np.square(std)))) * unit,
         name=name,
         train_x=train_t,
         train_y=torch.from_numpy(train_y.astype(np.int64)),
@@ -216,7 +223,8 @@ def check_dataset_available(name: str, data_dir: str | None) -> None:
 
 # ----------------------------------------------------------------------------- decoded-dataset cache
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: meta.json has pixel_std
+DIGITS_MAX = 16.0  # scikit-learn digits: pixel values 0..16
 CACHE_ENV = "GEODML_DATA_CACHE"
 CACHE_LOCK_TIMEOUT_S = 600.0
 _CACHE_ARRAYS = ("train_x", "train_y", "test_x", "test_y")
@@ -280,11 +288,12 @@ def _read_cache_entry(entry: Path) -> Dataset | None:
           and arrays["test_y"].dtype == np.int64 and arrays["train_x"].ndim == 4
           and arrays["train_x"].shape[1:] == arrays["test_x"].shape[1:]
           and len(arrays["train_x"]) == len(arrays["train_y"]) == meta.get("num_train")
-          and len(arrays["test_x"]) == len(arrays["test_y"]) == meta.get("num_test"))
+          and len(arrays["test_x"]) == len(arrays["test_y"]) == meta.get("num_test")
+          and isinstance(meta.get("pixel_std"), float))
     if not ok:
         return None
     tensors = {k: torch.from_numpy(v) for k, v in arrays.items()}
-    return Dataset(name=meta["name"], num_classes=int(meta["num_classes"]), **tensors)
+    return Dataset(name=meta["name"], num_classes=int(meta["num_classes"]), pixel_std=meta["pixel_std"], **tensors)
 
 
 def _write_cache_entry(entry: Path, ds: Dataset) -> None:
@@ -297,7 +306,7 @@ def _write_cache_entry(entry: Path, ds: Dataset) -> None:
             with open(tmp / f"{k}.npy", "wb") as fh:
                 np.save(fh, getattr(ds, k).numpy(), allow_pickle=False)
         meta = {"format": CACHE_FORMAT, "name": ds.name, "num_classes": ds.num_classes,
-                "num_train": len(ds.train_y), "num_test": len(ds.test_y)}
+                "num_train": len(ds.train_y), "num_test": len(ds.test_y), "pixel_std": float(ds.pixel_std)}
         (tmp / "meta.json").write_text(json.dumps(meta) + "\n")
         if entry.exists():  # an invalid leftover (we hold the lock, so nobody is writing it)
             shutil.rmtree(entry, ignore_errors=True)
@@ -372,8 +381,9 @@ def _check_name(name: str) -> None:
         raise DatasetError(f"unknown dataset {name!r}; choose one of {', '.join(DATASET_NAMES)}")
 
 
-def _standardize(train: np.ndarray, test: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return float32 tensors standardized per channel with the train set's mean/std (population std).
+def _standardize(train: np.ndarray, test: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    """Return float32 tensors standardized per channel with the train set's mean/std (population std),
+    and that std per channel (float64; 1 for a constant channel).
 
     Moments are accumulated in float64 from float32 pixels; for 8-bit images every value and
     square is an integer, so the sums are exact. No float64 copy of the set is made (CIFAR's
@@ -391,7 +401,7 @@ def _standardize(train: np.ndarray, test: np.ndarray) -> tuple[torch.Tensor, tor
     mean_t = torch.from_numpy(mean.astype(np.float32).reshape(shape))
     std_t = torch.from_numpy(std.astype(np.float32).reshape(shape))
     return (torch.from_numpy(train_f).sub_(mean_t).div_(std_t),
-            torch.from_numpy(test_f).sub_(mean_t).div_(std_t))
+            torch.from_numpy(test_f).sub_(mean_t).div_(std_t), std)
 
 
 def _load_digits(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -39,10 +39,12 @@ __all__ = ["BatchReNormSchedule", "CifarCNN", "CNN", "build_from_config", "GROUP
 
 
 def _construct(name: str, norm: str, input_shape: tuple[int, int, int], num_classes: int, *,
-               group_size: int | None, groups: int | None, brn: BatchReNormSchedule | None) -> nn.Module:
+               group_size: int | None, groups: int | None, brn: BatchReNormSchedule | None,
+               input_scale: float) -> nn.Module:
     channels, height, width = input_shape
     if name == "lenet":
-        return LeNet(channels, height, width, num_classes, norm, group_size=group_size, groups=groups, brn=brn)
+        return LeNet(channels, height, width, num_classes, norm, group_size=group_size, groups=groups, brn=brn,
+                     input_scale=input_scale)
     if name == "cnn":
         return CNN(channels, height, width, num_classes, norm, group_size=group_size, groups=groups)
     if name == "resnet20":
@@ -60,7 +62,7 @@ _GLOBAL_RNG_LOCK = threading.Lock()
 
 def build_model(name: str, norm: str, input_shape: tuple[int, int, int], num_classes: int, *,
                 generator_seed: int | None = None, gn_group_size: int | None = None, gn_groups: int | None = None,
-                brn: BatchReNormSchedule | None = None) -> nn.Module:
+                brn: BatchReNormSchedule | None = None, input_scale: float = 1.0) -> nn.Module:
     """Build model ``name`` with normalization ``norm`` for ``input_shape = (C, H, W)`` images.
 
     Args:
@@ -76,6 +78,9 @@ def build_model(name: str, norm: str, input_shape: tuple[int, int, int], num_cla
         gn_group_size, gn_groups: with ``norm="group"``, channels per group or groups per layer
             (at most one; neither: group size 2, the Quagmire text's G_size).
         brn: with ``norm="batchrenorm"``, the schedule (default: the authors' K=2 prototxt's).
+        input_scale: ``lenet`` multiplies its input by this (Caffe's pixel scale: pass the dataset's
+            ``pixel_std``, as ``build_from_config`` does); the other models take standardized input
+            and ignore it.
 
     Returns:
         A float32 module on the CPU in training mode; ``model(x)`` maps ``[B, C, H, W]`` to
@@ -100,7 +105,9 @@ def build_model(name: str, norm: str, input_shape: tuple[int, int, int], num_cla
         raise ValueError(f"num_classes must be an integer >= 2, got {num_classes!r}")
     if gn_group_size is not None and gn_groups is not None:
         raise ValueError("give gn_group_size or gn_groups, not both")
-    kw = {"group_size": gn_group_size, "groups": gn_groups, "brn": brn}
+    if not (isinstance(input_scale, (int, float)) and math.isfinite(input_scale) and input_scale > 0):
+        raise ValueError(f"input_scale must be a finite number > 0, got {input_scale!r}")
+    kw = {"group_size": gn_group_size, "groups": gn_groups, "brn": brn, "input_scale": float(input_scale)}
     if generator_seed is None:
         return _construct(name, norm, shape, num_classes, **kw)
     # Module constructors draw their initial weights from the global CPU generator. Fork it
@@ -115,13 +122,14 @@ def build_model(name: str, norm: str, input_shape: tuple[int, int, int], num_cla
 
 
 def build_from_config(cfg: ModelConfig, input_shape: tuple[int, int, int], num_classes: int, *,
-                      generator_seed: int | None = None) -> nn.Module:
-    """``build_model`` with the network, normalization and its options of a (validated) ModelConfig."""
+                      generator_seed: int | None = None, pixel_std: float = 1.0) -> nn.Module:
+    """``build_model`` with the network, normalization and its options of a (validated) ModelConfig;
+    ``pixel_std`` is the dataset's (``Dataset.pixel_std``), LeNet's input scale."""
     init, r_step, d_step = (int(x) for x in cfg.brn_steps)
     brn = BatchReNormSchedule(step_to_init=init, step_to_r_max=r_step, step_to_d_max=d_step, r_max=cfg.brn_r_max,
                               d_max=cfg.brn_d_max, moving_average_fraction=cfg.brn_average_fraction)
     return build_model(cfg.model, cfg.norm, input_shape, num_classes, generator_seed=generator_seed,
-                       gn_group_size=cfg.gn_group_size, gn_groups=cfg.gn_groups, brn=brn)
+                       gn_group_size=cfg.gn_group_size, gn_groups=cfg.gn_groups, brn=brn, input_scale=pixel_std)
 
 
 def count_parameters(model: nn.Module) -> int:
