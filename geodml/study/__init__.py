@@ -1,9 +1,11 @@
 """Studies: many geodml runs launched as torchrun subprocesses, then compared.
 
 * ``oracle`` (geodml.study.oracle): the Oracle baseline of Quagmire §7.3 / Figure 8.
-* ``noniid``, ``norm``, ``skew``, ``hparams``, ``dirichlet`` (geodml.study.paper): Quagmire Figures
+* ``noniid``, ``norm``, ``brn``, ``skew``, ``hparams``, ``dirichlet`` (geodml.study.paper): Quagmire Figures
   1, 5, 6, Tables 6-8, and Hsu et al. 2019 Figures 2/5, each as a table, a CSV and PNGs.
 * ``skewscout`` (geodml.study.skewscout): Figure 8, Oracle and SkewScout savings per skew level.
+* ``plateau`` (geodml.study.plateau): the budget those figures need, BSP-IID over doubling budgets
+  until doubling gains <= 0.5 pp; ``brn`` (geodml.study.paper): Table 9, BN vs BRN under BSP.
 * ``iwds`` (geodml.study.iwds): the IWDS paper's Figures 5-7, FedAvg / FedProx / FedNova with uniform
   sampling against IWDS resampling on LDA and LLT partitions of 10 clients, per seed.
 * ``vanlier`` (geodml.study.vanlier): van Lier 2018, FedAvg over 1,984 clients on distributions of
@@ -23,6 +25,7 @@ STUDIES = {"oracle": "geodml.study.oracle:main", "noniid": "geodml.study.paper:n
            "hparams": "geodml.study.paper:hparams", "dirichlet": "geodml.study.paper:dirichlet",
            "skewscout": "geodml.study.skewscout:main", "iwds": "geodml.study.iwds:main",
            "vanlier": "geodml.study.vanlier:main", "hsu2019": "geodml.study.hsu:hsu2019",
-           "hsu2020": "geodml.study.hsu:hsu2020"}
+           "hsu2020": "geodml.study.hsu:hsu2020", "brn": "geodml.study.paper:brn",
+           "plateau": "geodml.study.plateau:main"}
 
 __all__ = ["STUDIES"]

@@ -863,3 +863,7 @@ def hparams(argv=None, **kw):
 
 def dirichlet(argv=None, **kw):
     return main_for("dirichlet", argv, **kw)
+
+
+def brn(argv=None, **kw):
+    return main_for("brn", argv, **kw)
