@@ -48,6 +48,7 @@ def test_full_budget_scales_schedule_and_dgc_warmup(tmp_path):
     assert len(cells) == 8 * 3  # seeds 0, 1, 2 by default
     dgc = cells["dgc-e_warm-8-iid-s0"].spec.argv
     assert flag(dgc, "--e-warm") == "0.25"  # 8 paper epochs x 4/128
+    assert flag(dgc, "--dgc-scope") == "layer" and "--dgc-scope" not in cells["gaia-t0-0.1-iid-s0"].spec.argv
     # eta = 0.01: Gaia, DGC and FedAvg at eta, BSP at K x eta
     assert flag(dgc, "--lr") == "0.01" and flag(cells["gaia-t0-0.1-noniid-100-s1"].spec.argv, "--lr") == "0.01"
     assert flag(cells["bsp-iid-s0"].spec.argv, "--lr") == "0.05"
@@ -154,6 +155,7 @@ def test_skewscout_full_plan_uses_the_extended_grids(tmp_path):
     dgc = next(r for r in runs if r.role == "skewscout" and r.algo == "dgc").spec.argv
     # E_warm in paper epochs x 2/128, as every DGC run of the studies
     assert flag(dgc, "--skewscout-grid") == "0.125,0.0625,0.046875,0.03125,0.015625" and flag(dgc, "--e-warm") == "0.125"
+    assert flag(dgc, "--dgc-scope") == "layer"  # the paper's (Lin et al., the released code): per layer
 
 
 @pytest.mark.parametrize("extra, message", [

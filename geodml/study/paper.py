@@ -84,6 +84,10 @@ SUM_ALGOS = ("gaia", "dgc")  # apply the sum of the partitions' updates
 PAPER_ALGOS = ("bsp", "gaia", "fedavg", "dgc")  # the Quagmire figures' algorithms, a subset of config.ALGOS
 ALGO_LABEL = {"bsp": "BSP", "gaia": "Gaia", "fedavg": "FedAvg", "dgc": "DGC", "fedavgm": "FedAvgM"}
 FIG1_THETA = {"gaia": ("--t0", 0.1), "fedavg": ("--iter-local", 20), "dgc": ("--e-warm", 8.0)}  # Quagmire §4.1
+ALGO_FLAGS = {"dgc": ("--dgc-scope", "layer")}
+"""What the studies give an algorithm beyond its knob: DGC selects its top entries per layer, as Lin et al.
+and the released code (per parameter table) do, not over the whole model (geodml's default, the Quagmire
+pseudocode's literal reading). A flag after '--' overrides it (e.g. -- --dgc-scope global)."""
 STUDY_MODELS = ("cnn", "lenet", "resnet20")
 NETWORK_LABEL = {"cnn": "CNN", "lenet": "LeNet", "resnet20": "ResNet-20"}
 NORM_PREFIX = {"none": "", "batch": "BN-", "group": "GN-", "group2g": "GN2g-", "batchrenorm": "BRN-"}
@@ -301,8 +305,8 @@ class Planner:
         for seed in a.seeds:
             run_id = "-".join([algo, *slug, *tag, setting.replace("%", ""), f"s{seed}"])
             argv = ("--algo", base_algo, *data_flags(a.dataset, partition, value), "--model", a.model,
-                    *NORM_FLAGS[norm], "--lr", fmt(lr), "--seed", str(seed), *b.flags(), *knob_f, *extra,
-                    *a.geodml_args)
+                    *NORM_FLAGS[norm], "--lr", fmt(lr), "--seed", str(seed), *b.flags(), *knob_f,
+                    *ALGO_FLAGS.get(base_algo, ()), *extra, *a.geodml_args)
             self.cells.setdefault(run_id, Cell(algo, setting, label, knob, lr, RunSpec(run_id, self.out / run_id, argv,
                                                                                       a.nproc),
                                                skew=0.0 if partition == "iid" else value, theta=theta, seed=seed))

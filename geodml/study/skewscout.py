@@ -188,7 +188,7 @@ def plan(args: argparse.Namespace, budget: paper.Budget) -> list[Fig8Run]:
                                                                                                   level)
         rid = f"{slug}-{_label(level)}-s{seed}"
         argv = ("--algo", algo, *data, "--model", args.model, "--norm", args.norm, "--lr", paper.fmt(lr), *budget.flags(),
-                "--seed", str(seed), *flags, *args.geodml_args)
+                "--seed", str(seed), *flags, *paper.ALGO_FLAGS.get(algo, ()), *args.geodml_args)
         runs.append(Fig8Run(role, level, algo, theta, seed, RunSpec(rid, out / rid, argv, args.nproc)))
 
     for seed in args.seeds:
