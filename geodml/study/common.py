@@ -146,6 +146,22 @@ def validate_specs(specs: Sequence[RunSpec]) -> None:
             raise StudyError(f"run {spec.run_id}: {exc}") from None
 
 
+def run_and_report(args: argparse.Namespace, specs: Sequence[RunSpec], launcher: Any,
+                   report: Callable[[list], dict], write: Callable[..., tuple[str, list[Path]]]) -> int:
+    """The end of a study's main: run ``specs`` (``--jobs``, ``--run-timeout``, ``--processes``),
+    build the report from the results, write it (``write(report, out, plots=...)``), print it and
+    the failed runs. 0: every run succeeded; 1: some failed (reported)."""
+    from geodml.study.runner import run_all
+    results = run_all(list(specs), jobs=args.jobs, timeout_s=args.run_timeout, launcher=launcher,
+                      processes=args.processes, log=lambda m: print(m, flush=True))
+    rep = report(results)
+    text, paths = write(rep, Path(args.out), plots=not args.no_plots)
+    print("\n" + text + "\nwritten: " + ", ".join(str(p) for p in paths), flush=True)
+    if rep["failed"]:
+        print(f"{len(rep['failed'])} run(s) failed: {', '.join(rep['failed'])}", file=sys.stderr)
+    return 1 if rep["failed"] else 0
+
+
 def fmt(value: float) -> str:
     """Shortest exact text of a number: 0.1 -> '0.1', 20.0 -> '20'."""
     text = repr(float(value))

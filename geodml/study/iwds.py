@@ -66,7 +66,7 @@ from typing import Any
 
 from geodml.study import common
 from geodml.study.common import StudyError, fmt, mean_sd, pm
-from geodml.study.runner import Launcher, RunResult, RunSpec, run_all, torchrun_launcher
+from geodml.study.runner import Launcher, RunResult, RunSpec, torchrun_launcher
 
 NAME = "iwds"
 PAPER_REF = "IWDS (Tang et al. 2021) Figures 5-7"
@@ -497,11 +497,5 @@ def main(argv: list[str] | None = None, *, launcher: Launcher = torchrun_launche
         return 2
     print(f"{NAME} study ({PAPER_REF}): {len(runs)} runs on {args.dataset}, {CLIENTS} clients, {args.rounds} rounds of "
           f"{args.local_steps} local steps, seeds {','.join(map(str, args.seeds))}, into {args.out}", flush=True)
-    results = run_all([r.spec for r in runs], jobs=args.jobs, timeout_s=args.run_timeout, launcher=launcher,
-                      processes=args.processes, log=lambda m: print(m, flush=True))
-    rep = build_report(args, runs, results)
-    text, paths = write_outputs(rep, Path(args.out), plots=not args.no_plots)
-    print("\n" + text + "\nwritten: " + ", ".join(str(p) for p in paths), flush=True)
-    if rep["failed"]:
-        print(f"{len(rep['failed'])} run(s) failed: {', '.join(rep['failed'])}", file=sys.stderr)
-    return 1 if rep["failed"] else 0
+    return common.run_and_report(args, [r.spec for r in runs], launcher,
+                                 lambda results: build_report(args, runs, results), write_outputs)

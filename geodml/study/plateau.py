@@ -41,7 +41,7 @@ from pathlib import Path
 from geodml.config import DATASETS
 from geodml.study import common, paper
 from geodml.study.common import StudyError
-from geodml.study.runner import Launcher, RunResult, RunSpec, run_all, torchrun_launcher
+from geodml.study.runner import Launcher, RunResult, RunSpec, torchrun_launcher
 
 NAME = "plateau"
 GRID_FULL = (1, 2, 4, 8, 16, 32)
@@ -310,11 +310,5 @@ def main(argv: list[str] | None = None, *, launcher: Launcher = torchrun_launche
     print(f"{NAME} study: BSP-IID, {paper.model_label(args.model, args.norm)} on {args.dataset}, K={args.nproc}, budgets "
           f"{','.join(map(str, args.epochs_grid))} epochs, seeds {','.join(map(str, args.seeds))}: {len(runs)} runs into "
           f"{args.out}", flush=True)
-    results = run_all([r.spec for r in runs], jobs=args.jobs, timeout_s=args.run_timeout, launcher=launcher,
-                      processes=args.processes, log=lambda m: print(m, flush=True))
-    rep = build_report(args, runs, results)
-    text, paths = write_outputs(rep, Path(args.out), plots=not args.no_plots)
-    print("\n" + text + "\nwritten: " + ", ".join(str(p) for p in paths), flush=True)
-    if rep["failed"]:
-        print(f"{len(rep['failed'])} run(s) failed: {', '.join(rep['failed'])}", file=sys.stderr)
-    return 1 if rep["failed"] else 0
+    return common.run_and_report(args, [r.spec for r in runs], launcher,
+                                 lambda results: build_report(args, runs, results), write_outputs)

@@ -63,7 +63,7 @@ from typing import Any
 
 from geodml.study import common
 from geodml.study.common import StudyError, fmt, mean_sd, pm
-from geodml.study.runner import Launcher, RunResult, RunSpec, run_all, torchrun_launcher
+from geodml.study.runner import Launcher, RunResult, RunSpec, torchrun_launcher
 
 NAME = "vanlier"
 PAPER_REF = "van Lier 2018 (BSc thesis) Section 3.2, Figures 3.3-3.5"
@@ -450,11 +450,5 @@ def main(argv: list[str] | None = None, *, launcher: Launcher = torchrun_launche
     print(f"{NAME} study ({PAPER_REF}): {len(runs)} runs on {args.dataset}, {args.clients} clients (m = "
           f"{participants(args)} per round), {args.rounds} rounds, seeds {','.join(map(str, args.seeds))}, into {args.out}",
           flush=True)
-    results = run_all([r.spec for r in runs], jobs=args.jobs, timeout_s=args.run_timeout, launcher=launcher,
-                      processes=args.processes, log=lambda m: print(m, flush=True))
-    rep = build_report(args, runs, results, loader=loader)
-    text, paths = write_outputs(rep, Path(args.out), plots=not args.no_plots)
-    print("\n" + text + "\nwritten: " + ", ".join(str(p) for p in paths), flush=True)
-    if rep["failed"]:
-        print(f"{len(rep['failed'])} run(s) failed: {', '.join(rep['failed'])}", file=sys.stderr)
-    return 1 if rep["failed"] else 0
+    return common.run_and_report(args, [r.spec for r in runs], launcher,
+                                 lambda results: build_report(args, runs, results, loader=loader), write_outputs)
