@@ -10,16 +10,18 @@ figures; ``accuracy_vs_wan_bytes.png``: the eval curves of every successful run)
   (E_warm=8 paper epochs, scaled to the budget), IID vs 100% non-IID (label skew).
 * ``norm``     -- Figure 5: BN vs GN (group size 2) under every algorithm, IID vs non-IID.
 * ``skew``     -- Figure 6: GN at 20/40/60/80% non-IID (and IID as the reference).
-
-The network is ``--model``: ``cnn`` (McMahan et al. 2017's CNN, the default, and what every
-study before issue 21 ran, then under the name "LeNet") or ``lenet`` (the authors' Caffe LeNet,
-geodml.models.lenet). Cells are labelled by the network: CNN / BN-CNN / GN-CNN, or LeNet /
-BN-LeNet / GN-LeNet.
+* ``brn``      -- Table 9: BN- vs BRN-LeNet under BSP, K = 2, IID vs non-IID.
 * ``hparams``  -- Tables 6-8: each algorithm's knob grid (``KNOB.grid``), IID vs non-IID; the table shows the
   savings over BSP beside each accuracy, and ``knobs.png`` plots accuracy over each grid.
 * ``skewscout``-- Figure 8: Oracle (geodml.study.oracle) and SkewScout savings over BSP with Gaia
   at each skew level, against the BSP-IID accuracy target.
 * ``dirichlet``-- Hsu et al. 2019 Figures 2/5: FedAvg vs FedAvgM over the Dirichlet alpha.
+
+The network is ``--model``: ``lenet`` (the authors' Caffe LeNet, geodml.models.lenet, the
+default), ``resnet20`` (with BatchNorm where the figure's network is un-normalized, as Figure 1's)
+or ``cnn`` (McMahan et al. 2017's CNN, what every study before issue 21 ran, then under the name
+"LeNet"). Cells are labelled by the network: LeNet / BN-LeNet / GN-LeNet / GN2g-LeNet (2 groups),
+CNN / BN-CNN ..., BN-ResNet-20 ...
 
 Reports of the un-normalized network (``noniid``, ``hparams``) carry the paper's CIFAR-10 LeNet
 number of the same cell (``PAPER_LENET_CIFAR10``, Tables 6-8) in extra columns, so the comparison
@@ -47,8 +49,8 @@ Decisions (documented in docs/study.md, tested in tests/test_study.py):
   weights, which can hide a partition's model specializing. For BSP and FedAvg (whose last step
   is an average) the two are the same model.
 * **Budgets.** ``quick``: digits-sized, ``--steps`` (default 10) per run; it checks the
-  machinery, not the science. ``full``: the paper's Appendix C schedule (128 epochs, lr 0.002,
-  /10 at 50% and 75% of training, batch 20, momentum 0.9, wd 5e-4); ``--epochs`` and ``--lr``
+  machinery, not the science. ``full``: the released solvers (the paper's Appendix C: 128 epochs,
+  eta 0.01/K, /10 at 50% and 75% of training, batch 100/K, momentum 0.9, wd 5e-4); ``--epochs`` and ``--lr``
   shorten it for a small machine, milestones scale with ``--epochs``, and so does DGC's E_warm
   (paper value x epochs / 128), so the warm-up stays the same share of training.
 * **Relative numbers.** "vs BSP-IID" is the accuracy difference in percentage points to BSP in
