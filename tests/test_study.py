@@ -274,7 +274,7 @@ def test_hparams_report_pairs_each_knob_with_the_paper(tmp_path, capsys):
 
 def test_seeds_mean_sd_and_the_partitions_own_accuracy(tmp_path, capsys):
     """Two seeds: cells are mean +- sample sd; accuracy is the partitions' own models' mean (the
-    released code's measure), the averaged weights' beside it; per-run rows pair with BSP-IID of their seed."""
+    released code's measure), the global model's beside it; per-run rows pair with BSP-IID of their seed."""
     argv = ["--budget", "quick", "--algos", "gaia", "--nproc", "2", "--seeds", "0,1"]
 
     def run(per, final, wan):
@@ -282,14 +282,14 @@ def test_seeds_mean_sd_and_the_partitions_own_accuracy(tmp_path, capsys):
     done = {"bsp-iid-s0": run([0.90, 0.90], 0.90, 1_000_000), "bsp-iid-s1": run([0.92, 0.92], 0.92, 1_000_000),
             "bsp-noniid-100-s0": run([0.88, 0.88], 0.88, 1_000_000), "bsp-noniid-100-s1": run([0.86, 0.86], 0.86, 1_000_000),
             "gaia-t0-0.1-iid-s0": run([0.88, 0.88], 0.88, 50_000), "gaia-t0-0.1-iid-s1": run([0.90, 0.90], 0.90, 50_000),
-            "gaia-t0-0.1-noniid-100-s0": run([0.10, 0.30], 0.60, 40_000),   # own models 20%, averaged weights 60%
+            "gaia-t0-0.1-noniid-100-s0": run([0.10, 0.30], 0.60, 40_000),   # own models 20%, global model 60%
             "gaia-t0-0.1-noniid-100-s1": run([0.20, 0.40], 0.70, 60_000)}   # 30%, 70%
     out = fake_runs(tmp_path, "noniid", argv, done)
     assert paper.noniid([*argv, "--out", str(out)], launcher=no_launch) == 0
     md = (out / "noniid.md").read_text()
     # BSP-IID 91 +- 1.414 (sd of 0.90, 0.92); Gaia non-IID own 25 +- 7.07 (-66 pp), averaged 65 +- 7.07
     assert "| BSP | 91.0 ± 1.4% (+0.0 pp) | 87.0 ± 1.4% (-4.0 pp) |" in md
-    assert ("| Gaia T0=10% | 89.0 ± 1.4% (-2.0 pp) | 25.0 ± 7.1% (-66.0 pp, averaged weights 65.0 ± 7.1%) "
+    assert ("| Gaia T0=10% | 89.0 ± 1.4% (-2.0 pp) | 25.0 ± 7.1% (-66.0 pp, global model 65.0 ± 7.1%) "
             "| 76.7% (-0.7 pp) | 10.0% (-67.4 pp) |") in md
     rep = json.loads((out / "noniid.json").read_text())
     by = {r["run_id"]: r for r in rep["rows"]}

@@ -45,9 +45,10 @@ Decisions (documented in docs/study.md, tested in tests/test_study.py):
   NUM_WORKER; under Gaia, DGC and FedAvg each worker reads its own data center's replica). Here it
   is the mean of summary.json's ``per_rank_val_accuracy``, each partition's own model on the whole
   test set (the released code tests each on a 1/K slice). ``global_accuracy`` beside it is
-  ``final_val_accuracy``: the global model, or for Gaia and DGC the average of the partitions'
-  weights, which can hide a partition's model specializing. For BSP and FedAvg (whose last step
-  is an average) the two are the same model.
+  ``final_val_accuracy``: the global model, the average of the partitions' weights (Gaia, DGC)
+  and of their BatchNorm statistics (every algorithm), which can hide a partition's model
+  specializing. For BSP and FedAvg without BatchNorm (the last step is an average) the two are
+  the same model; with BatchNorm each partition keeps its own running statistics.
 * **Budgets.** ``quick``: digits-sized, ``--steps`` (default 10) per run; it checks the
   machinery, not the science. ``full``: the released solvers (the paper's Appendix C: 128 epochs,
   eta 0.01/K, /10 at 50% and 75% of training, batch 100/K, momentum 0.9, wd 5e-4); ``--epochs`` and ``--lr``
@@ -495,8 +496,9 @@ def acc_text(acc: float, sd: float | None) -> str:
 
 def cell_text(r: dict | None, *, savings: bool = False) -> str:
     """An aggregated cell: '86.4 ± 0.5% (-0.7 pp)'; with ``savings``, '(-0.7 pp, x19.9)' (WAN bytes saved over
-    BSP in the same setting); '2/3 seeds' when some failed; the global model's (Gaia, DGC: averaged
-    weights') accuracy where it differs from the partitions' mean by >= 0.5 pp (``run_accuracy``)."""
+    BSP in the same setting); '2/3 seeds' when some failed; the global model's accuracy (the
+    partitions' averaged weights and BatchNorm statistics) where it differs from the partitions'
+    mean by >= 0.5 pp (``run_accuracy``)."""
     if r is None:
         return ""
     if r["accuracy"] is None:
@@ -508,7 +510,7 @@ def cell_text(r: dict | None, *, savings: bool = False) -> str:
         notes.append(f"{r['n_seeds']}/{r['of_seeds']} seeds")
     glob = r.get("global_accuracy")
     if glob is not None and abs(glob - r["accuracy"]) >= 0.005:
-        notes.append(f"averaged weights {acc_text(glob, r.get('global_accuracy_sd'))}")
+        notes.append(f"global model {acc_text(glob, r.get('global_accuracy_sd'))}")
     return acc_text(r["accuracy"], r["accuracy_sd"]) + (f" ({', '.join(notes)})" if notes else "")
 
 
@@ -535,8 +537,8 @@ def format_markdown(report: dict) -> str:
     lines = [f"# {report['study']}: {report['paper']} on {report['dataset']}, K={report['nproc']}, budget {b['name']}",
              "", f"Budget: {length} per run, lr {LR_RULE_TEXT[rule].format(lr=b['lr'])}, "
              f"eval every {b['eval_every']} steps, seeds {','.join(map(str, seeds))}. Accuracy = final top-1 validation "
-             "accuracy, the mean over the partitions of each one's own model, as the released code reports (\"averaged "
-             "weights\": the accuracy of the average of the partitions' weights, where it differs by >= 0.5 pp), "
+             "accuracy, the mean over the partitions of each one's own model, as the released code reports (\"global "
+             "model\": the partitions' averaged weights and BatchNorm statistics, where it differs by >= 0.5 pp), "
              + ("mean ± sd over the seeds; " if len(seeds) > 1 else "")
              + "(x pp) = difference to BSP-IID with the same model.", ""]
     savings = report["study"] == "hparams"  # the knobs trade bytes for accuracy: show both
@@ -553,7 +555,7 @@ def format_markdown(report: dict) -> str:
         ours = [cell_text(cells.get((s, st)), savings=savings) for st in settings]
         theirs = [paper_text((cells.get((s, st)) or {}).get("paper_accuracy")) for st in paper_cols]
         lines.append(f"| {s} | " + " | ".join([*ours, *theirs]) + " |")
-    lines += ["", "| run | model | algorithm | knob | setting | seed | lr | accuracy | averaged weights | vs BSP-IID | "
+    lines += ["", "| run | model | algorithm | knob | setting | seed | lr | accuracy | global model | vs BSP-IID | "
               "val loss | train loss | WAN bytes | savings vs BSP | emulated s | status |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
