@@ -252,7 +252,9 @@ def test_tiny_real_oracle_study(tmp_path, capsys):
     assert rep["bsp"]["run_id"] == "bsp-iid" and rep["bsp"]["wan_bytes_total"] > 0
     for r in rep["runs"]:
         s = json.loads((Path(r["dir"]) / "summary.json").read_text())
-        assert r["status"] == "ok" and r["accuracy"] == s["final_val_accuracy"] and r["wan_bytes_total"] == s["wan_bytes_total"]
+        assert r["status"] == "ok" and r["wan_bytes_total"] == s["wan_bytes_total"]
+        # the partitions' own models' mean, the released code's measure (Gaia's differ; BSP's are one model)
+        assert r["accuracy"] == pytest.approx(sum(s["per_rank_val_accuracy"]) / 2)
         assert s["steps"] == 10 and s["world_size"] == 2
     gaia = {r["theta"]: r for r in rep["runs"] if r["role"] == "theta"}
     assert json.loads((out / "gaia-t0-0.5" / "config.json").read_text())["config"]["algo"]["t0"] == 0.5
