@@ -31,8 +31,5 @@ if [ $# -eq 0 ]; then
   echo "test: ruff check geodml tests; mypy (pyproject.toml [tool.mypy] files)" >&2
   .venv/bin/python -m ruff check -q geodml tests
   .venv/bin/python -m mypy
-  # The whole suite on GEODML_TEST_WORKERS pytest workers (default 2: CI's cores), a test file per
-  # worker at a time (module fixtures start once). Alone, the suite keeps ~1.3 of 2 cores busy.
-  set -- -n "${GEODML_TEST_WORKERS:-2}" --dist loadfile
 fi
 exec .venv/bin/python -m pytest -q "$@"
