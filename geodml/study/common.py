@@ -295,7 +295,7 @@ def run_roc_auc(run_dir: Path | str, *, loader: DatasetLoader = load_run_dataset
     ds = memo[dkey]
     model = build_model(m["model"], m["norm"], tuple(ds.test_x.shape[1:]), int(ds.num_classes),
                         gn_group_size=m.get("gn_group_size"), gn_groups=m.get("gn_groups"),
-                        input_scale=getattr(ds, "pixel_std", 1.0))
+                        input_scale=ds.pixel_std)
     model.load_state_dict(torch.load(model_file, map_location="cpu", weights_only=True))
     model.eval()
     with torch.no_grad():

@@ -65,13 +65,12 @@ import argparse
 import csv
 import json
 import math
-import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from geodml.config import DATASETS
-from geodml.study.common import run_accuracy, seed_list
+from geodml.study.common import mean_sd, run_accuracy, seed_list
 from geodml.study.runner import Launcher, RunResult, RunSpec, run_all, torchrun_launcher, validate_spec
 
 PAPER_EPOCHS = 128
@@ -420,13 +419,6 @@ def build_rows(cells: list[Cell], results: list[RunResult]) -> list[dict]:
     return rows
 
 
-def _mean_sd(values: list[float]) -> tuple[float | None, float | None]:
-    """Mean and sample standard deviation (None below two values)."""
-    if not values:
-        return None, None
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
-
-
 def aggregate(rows: list[dict]) -> list[dict]:
     """One row per cell (model, algorithm, knob, setting) over its seeds that succeeded: mean and sd of
     both accuracies, mean WAN bytes; ``vs_bsp_iid_pp`` = mean minus BSP-IID's mean (same model),
@@ -441,13 +433,13 @@ def aggregate(rows: list[dict]) -> list[dict]:
     out = []
     for (model, algo, knob, setting), g in groups.items():
         good = ok(g)
-        acc, acc_sd = _mean_sd([r["accuracy"] for r in good])
-        part, part_sd = _mean_sd([r["global_accuracy"] for r in good if r.get("global_accuracy") is not None])
-        wan, _ = _mean_sd([r["wan_bytes_total"] for r in good if r["wan_bytes_total"] is not None])
+        acc, acc_sd = mean_sd([r["accuracy"] for r in good])
+        glob, glob_sd = mean_sd([r["global_accuracy"] for r in good if r.get("global_accuracy") is not None])
+        wan, _ = mean_sd([r["wan_bytes_total"] for r in good if r["wan_bytes_total"] is not None])
         bsp_iid = ok(groups.get((model, "bsp", "", "iid"), []))
         bsp_same = ok(groups.get((model, "bsp", "", setting), []))
-        ref_acc, _ = _mean_sd([r["accuracy"] for r in bsp_iid])
-        ref_wan, _ = _mean_sd([r["wan_bytes_total"] for r in bsp_same if r["wan_bytes_total"] is not None])
+        ref_acc, _ = mean_sd([r["accuracy"] for r in bsp_iid])
+        ref_wan, _ = mean_sd([r["wan_bytes_total"] for r in bsp_same if r["wan_bytes_total"] is not None])
         failed = [r for r in g if r["accuracy"] is None]
         first = g[0]
         out.append({
@@ -455,7 +447,7 @@ def aggregate(rows: list[dict]) -> list[dict]:
             "lr": first["lr"], "status": "ok" if not failed else ("partial" if good else failed[0]["status"]),
             "returncode": failed[0]["returncode"] if failed else 0, "seeds": ",".join(str(r.get("seed", 0)) for r in good),
             "n_seeds": len(good), "of_seeds": len(g), "accuracy": acc, "accuracy_sd": acc_sd,
-            "global_accuracy": part, "global_accuracy_sd": part_sd,
+            "global_accuracy": glob, "global_accuracy_sd": glob_sd,
             "vs_bsp_iid_pp": None if acc is None or ref_acc is None else 100 * (acc - ref_acc),
             "wan_bytes_total": wan, "savings_vs_bsp": None if not wan or not ref_wan else ref_wan / wan,
             "paper_accuracy": first["paper_accuracy"]})
