@@ -33,6 +33,9 @@ MODEL_NORMS = {"cnn": ("none", "batch", "group"), "lenet": ("none", "batch", "gr
 """The normalizations each model supports; the first is its natural default."""
 MODEL_NORM_CHANNELS = {"cnn": (32, 64), "lenet": (32, 32, 64), "resnet20": (16, 32, 64)}
 """The channel counts of each model's normalized layers (a GroupNorm grouping must divide them all)."""
+PARAM_MULTS = ("none", "prototxt")
+PROTOTXT_MODELS = ("lenet", "resnet20")
+"""The models that carry the authors' Caffe per-parameter lr_mult / decay_mult (``--param-mults prototxt``)."""
 ALGOS = ("bsp", "gaia", "dgc", "fedavg", "local")
 """Keys of geodml.algorithms.REGISTRY (tests/test_cli.py checks that they agree)."""
 KNOB_ALGOS = ("gaia", "fedavg", "dgc")
@@ -159,6 +162,10 @@ class ModelConfig:
     brn_d_max: float = opt(6.0, norms=("batchrenorm",), help="BatchReNorm d_max (the authors' prototxt: 6)")
     brn_average_fraction: float = opt(0.99, norms=("batchrenorm",), help="BatchReNorm moving_average_fraction "
                                       "(the authors' K=2 prototxt: 0.99)")
+    param_mults: str = opt("none", choices=PARAM_MULTS, help="per-parameter learning-rate and weight-decay "
+                           "multipliers: none (every parameter 1, 1) or prototxt (the authors' Caffe lr_mult / "
+                           "decay_mult; lenet: biases lr 2, the classifier's weights decay 250; resnet20: weights "
+                           "decay 2; geodml/models/lenet.py, resnet.py)")
 
     def __post_init__(self) -> None:
         _check(self.model in MODELS, f"--model: unknown model {self.model!r}; choose one of {', '.join(MODELS)}")
@@ -166,6 +173,11 @@ class ModelConfig:
         allowed = MODEL_NORMS[self.model]
         _check(self.norm in allowed, f"--norm {self.norm} is not available for --model {self.model}; "
                                      f"use --norm {' or --norm '.join(allowed)}")
+        _check(self.param_mults in PARAM_MULTS,
+               f"--param-mults: unknown value {self.param_mults!r}; choose one of {', '.join(PARAM_MULTS)}")
+        _check(self.param_mults == "none" or self.model in PROTOTXT_MODELS,
+               f"--param-mults {self.param_mults} needs a network from the authors' Caffe files "
+               f"(--model {' or --model '.join(PROTOTXT_MODELS)}), not --model {self.model}")
         for flag, v in (("--gn-group-size", self.gn_group_size), ("--gn-groups", self.gn_groups)):
             _check(v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1),
                    f"{flag} must be an integer >= 1, got {v!r}")

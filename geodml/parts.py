@@ -215,7 +215,7 @@ def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: 
     from geodml.comm import build_comm
     from geodml.data.partition import partition_report
     from geodml.metrics.sinks import MultiSink, Sink
-    from geodml.models import build_from_config
+    from geodml.models import build_from_config, param_multipliers
     from geodml.peerwatch import fault_hook_from_env
     from geodml.runtime import collective_device
     from geodml.trainer import Schedule, TrainData, Trainer, steps_per_epoch
@@ -239,7 +239,7 @@ def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: 
 
     model = build_from_config(cfg.model, ds.input_shape, ds.num_classes, generator_seed=cfg.seed,
                               pixel_std=ds.pixel_std).to(device)
-    flat = FlatParams(model)
+    flat = FlatParams(model, param_multipliers(cfg.model, model))
     spe = steps_per_epoch(len(labels), world, cfg.optim.batch_size)
     total_steps = cfg.optim.steps or max(1, round(cfg.optim.epochs * spe))
     ctx = AlgoContext(rank=rank, world_size=world, seed=cfg.seed, steps_per_epoch=spe, total_steps=total_steps,

@@ -58,6 +58,7 @@ import numpy as np
 import torch
 
 from geodml import rundir
+from geodml.algorithms.base import regularize
 from geodml.algorithms.fedavg import pack_into, unpack_from
 from geodml.config import RunConfig
 from geodml.runtime import Env
@@ -136,7 +137,7 @@ class Pool:
                  startup: Startup, exporter: RankExporter | None = None) -> None:
         from geodml.algorithms import AlgoContext, FlatParams, build_algorithm
         from geodml.data.partition import partition_report
-        from geodml.models import build_from_config
+        from geodml.models import build_from_config, param_multipliers
         from geodml.parts import write_run_header
         from geodml.trainer import BatchSampler, steps_per_epoch
 
@@ -149,7 +150,7 @@ class Pool:
         report = partition_report(labels, pre.partitions, ds.num_classes)
         model = build_from_config(cfg.model, ds.input_shape, ds.num_classes, generator_seed=cfg.seed,
                                   pixel_std=ds.pixel_std)
-        flat = FlatParams(model)
+        flat = FlatParams(model, param_multipliers(cfg.model, model))
         self.spe = steps_per_epoch(len(labels), P, cfg.optim.batch_size)
         self.total_steps = cfg.optim.steps or max(1, round(cfg.optim.epochs * self.spe))
         self.ctx = AlgoContext(rank=self.hosted.start, world_size=P, seed=cfg.seed, steps_per_epoch=self.spe,
@@ -313,8 +314,7 @@ class Pool:
         for i, k in enumerate(self.part):
             flat.data.copy_(self.slots[i, :n])
             flat.grad.copy_(self.grads[i])
-            if wd:
-                flat.grad.add_(flat.data, alpha=wd)
+            regularize(flat, wd)
             self.comm(k).advance_compute(compute_s / m)
             algo.ctx = self.slot_ctx[i]
             algo.u = self.slot_u[i]

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from geodml.algorithms.base import Algorithm, FlatParams
+from geodml.algorithms.base import Algorithm, FlatParams, regularize
 from geodml.config import OptimConfig
 from geodml.metrics.sinks import Sink
 
@@ -212,8 +212,9 @@ class Minibatch(Protocol):
 def local_gradient(mb: Minibatch, indices: np.ndarray,
                    sample_weights: Callable[[torch.Tensor], torch.Tensor | None]) -> tuple[float, int, float]:
     """Forward and backward of one minibatch (training-set ``indices``) into ``mb.flat.grad``,
-    L2 weight decay added: returns (loss, correct predictions, compute seconds). The loss is the
-    mean, or mean(w_i * l_i) with ``sample_weights(labels)`` when that is not None."""
+    weight decay and the per-parameter multipliers applied (geodml.algorithms.base.regularize):
+    returns (loss, correct predictions, compute seconds). The loss is the mean, or
+    mean(w_i * l_i) with ``sample_weights(labels)`` when that is not None."""
     mb.idx.copy_(torch.from_numpy(indices))
     torch.index_select(mb.train_x, 0, mb.idx, out=mb.xb)
     torch.index_select(mb.train_y, 0, mb.idx, out=mb.yb)
@@ -226,8 +227,7 @@ def local_gradient(mb: Minibatch, indices: np.ndarray,
         loss = (F.cross_entropy(logits, mb.yb, reduction="none") * weights).mean()
     mb.flat.zero_grad()
     loss.backward()
-    if mb.optim.weight_decay:
-        mb.flat.grad.add_(mb.flat.data, alpha=mb.optim.weight_decay)
+    regularize(mb.flat, mb.optim.weight_decay)
     compute_s = time.perf_counter() - t0
     return float(loss.detach()), int((logits.detach().argmax(1) == mb.yb).sum()), compute_s
 

@@ -35,9 +35,10 @@ def test_bsp_identical_weights_on_every_rank(tmp_path, k):
     assert len(set(summary["per_rank_val_accuracy"])) == 1
 
 
-def _reference_bsp(k, seed, steps, lr0, milestones_epochs, momentum, wd, batch):
+def _reference_bsp(k, seed, steps, lr0, milestones_epochs, momentum, wd, batch, model_name="cnn", mults=None):
     """Single-process momentum SGD on the union of the K ranks' minibatches (paper form:
-    u = m*u - lr*(grad + wd*w); w = w + u), using the same data order as the ranks."""
+    u = m*u - lr*(grad + wd*w); w = w + u), using the same data order as the ranks. ``mults``
+    ``{name: (lr_mult, decay_mult)}``: Caffe's SGD, u = m*u - lr*lr_mult*(grad + wd*decay_mult*w)."""
     from geodml.config import DataConfig
     from geodml.data.datasets import load_dataset
     from geodml.data.partition import make_partitioner
@@ -49,8 +50,12 @@ def _reference_bsp(k, seed, steps, lr0, milestones_epochs, momentum, wd, batch):
     parts = make_partitioner(DataConfig(partition="label", skew=1.0)).split(labels, k, np.random.default_rng([seed, 0xDA7A]))
     samplers = [BatchSampler(parts[r], batch, seed, r) for r in range(k)]
     spe = steps_per_epoch(len(labels), k, batch)
-    model = build_model("cnn", "none", ds.input_shape, ds.num_classes, generator_seed=seed).double()
+    model = build_model(model_name, "none", ds.input_shape, ds.num_classes, generator_seed=seed,
+                        input_scale=ds.pixel_std).double()
+    names = [n for n, _ in model.named_parameters()]
     params = list(model.parameters())
+    lr_m = [(mults or {}).get(n, (1.0, 1.0))[0] for n in names]
+    decay_m = [(mults or {}).get(n, (1.0, 1.0))[1] for n in names]
     u = [torch.zeros_like(p) for p in params]
     x, y = ds.train_x.double(), ds.train_y
     for step in range(steps):
@@ -59,8 +64,8 @@ def _reference_bsp(k, seed, steps, lr0, milestones_epochs, momentum, wd, batch):
         loss = F.cross_entropy(model(x[idx]), y[idx])
         grads = torch.autograd.grad(loss, params)
         with torch.no_grad():
-            for p, g, ui in zip(params, grads, u):
-                ui.mul_(momentum).add_(g + wd * p, alpha=-lr)
+            for p, g, ui, lm, dm in zip(params, grads, u, lr_m, decay_m):
+                ui.mul_(momentum).add_(g + wd * dm * p, alpha=-lr * lm)
                 p.add_(ui)
     return {n: p.detach().float() for n, p in model.named_parameters()}, spe
 
@@ -84,6 +89,27 @@ def test_bsp_equals_single_process_on_union_of_minibatches(tmp_path):
         torch.testing.assert_close(got[name], p, rtol=1e-4, atol=1e-5)
         moved += float((p - 0).abs().sum())
     assert moved > 0
+
+
+@pytest.mark.integration
+def test_bsp_with_the_prototxt_multipliers_is_caffes_sgd(tmp_path):
+    """--model lenet --param-mults prototxt: the released LeNet's biases at lr x 2 and ip1's weights at
+    weight decay x 250 (its bias at 0), against the reference written from Caffe's SGD update."""
+    k, seed, batch = 2, 5, 8
+    out = tmp_path / "run"
+    r = run_torchrun(k, ["--dataset", "digits", "--model", "lenet", "--param-mults", "prototxt", "--no-progress",
+                         "--wan", "off", "--algo", "bsp", "--partition", "label", "--steps", "20",
+                         "--batch-size", str(batch), "--lr", "0.01", "--momentum", "0.9", "--weight-decay", "0.004",
+                         "--seed", str(seed), "--out", str(out)], timeout_s=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    mults = {"conv1.bias": (2.0, 1.0), "conv2.bias": (2.0, 1.0), "ip1.weight": (1.0, 250.0), "ip1.bias": (2.0, 0.0)}
+    got = _load_params(out / "model.pt")
+    ref, _ = _reference_bsp(k, seed, 20, 0.01, (), 0.9, 0.004, batch, model_name="lenet", mults=mults)
+    plain, _ = _reference_bsp(k, seed, 20, 0.01, (), 0.9, 0.004, batch, model_name="lenet")
+    for name, p in ref.items():
+        torch.testing.assert_close(got[name], p, rtol=1e-4, atol=1e-6)
+    # the multipliers matter: ip1's weights end visibly apart from the plain run's (decay 1.0 vs 0.004)
+    assert float((ref["ip1.weight"] - plain["ip1.weight"]).abs().max()) > 100 * 1e-6
 
 
 @pytest.mark.integration

@@ -318,3 +318,67 @@ def test_cli_flags_and_the_warning_for_an_unused_norm_option():
     parse_config(["--gn-groups", "2", "--brn-r-max", "3"], warn=warnings.append)
     assert warnings == ["geodml: warning: --gn-groups, --brn-r-max has no effect with --norm none"]
     assert parse_config([]).model.model == "cnn"  # the default keeps the meaning of earlier runs
+
+
+def _flat_mults(model, cfg_mults="prototxt", name="lenet", norm="none"):
+    from geodml.algorithms.base import FlatParams
+    from geodml.models import param_multipliers
+    return FlatParams(model, param_multipliers(ModelConfig(model=name, norm=norm, param_mults=cfg_mults), model))
+
+
+def test_prototxt_multipliers_are_the_prototxts():
+    # lenet_train_val.prototxt: conv1/conv2 bias lr_mult 2, conv3 no param block, ip1 weight
+    # decay_mult 250, ip1 bias lr_mult 2 decay_mult 0; on CIFAR shapes ip1 has 64*4*4*10 weights.
+    flat = _flat_mults(build_model("lenet", "none", CIFAR, 10))
+    lr, decay = flat.lr_mult, flat.decay_mult
+    assert lr is not None and decay is not None and lr.numel() == 89_578
+    assert int((lr == 2).sum()) == 32 + 32 + 10 and int((lr == 1).sum()) == 89_578 - 74
+    assert int((decay == 250).sum()) == 10_240 and int((decay == 0).sum()) == 10
+    assert int((decay == 1).sum()) == 89_578 - 10_240 - 10
+    conv2_bias = 3 * 32 * 25 + 32 + 32 * 32 * 25  # after conv1's weight and bias and conv2's weight
+    assert torch.equal(lr[conv2_bias:conv2_bias + 32], torch.full((32,), 2.0)) and float(lr[conv2_bias - 1]) == 1.0
+    # bn/gn/brnlenet: only ip1's bias has decay_mult 0; no lr multiplier at all
+    for norm in NORMALIZED:
+        flat = _flat_mults(build_model("lenet", norm, CIFAR, 10))
+        assert flat.lr_mult is None and flat.decay_mult is not None
+        assert int((flat.decay_mult == 0).sum()) == 10 and float(flat.decay_mult[-10:].sum()) == 0.0
+    # resnet20 prototxts: conv / fc weights decay_mult 2, fc bias 0, the Scale (norm affine) 1
+    flat = _flat_mults(build_model("resnet20", "batch", CIFAR, 10), name="resnet20", norm="batch")
+    assert flat.lr_mult is None and flat.decay_mult is not None
+    conv_fc_weights = 16 * 3 * 9 + 6 * 16 * 16 * 9 + (32 * 16 + 5 * 32 * 32) * 9 + (64 * 32 + 5 * 64 * 64) * 9 + 640
+    assert int((flat.decay_mult == 2).sum()) == conv_fc_weights
+    assert int((flat.decay_mult == 0).sum()) == 10
+    assert int((flat.decay_mult == 1).sum()) == 2 * (16 * 7 + 32 * 6 + 64 * 6)  # 19 norms: weight and bias
+    assert _flat_mults(build_model("lenet", "none", CIFAR, 10), "none").lr_mult is None
+
+
+def test_regularize_by_hand():
+    from geodml.algorithms.base import FlatParams, regularize
+    lin = nn.Linear(2, 1)
+    with torch.no_grad():
+        lin.weight.copy_(torch.tensor([[1.0, 2.0]]))
+        lin.bias.copy_(torch.tensor([3.0]))
+    flat = FlatParams(lin, {"weight": (1.0, 250.0), "bias": (2.0, 0.0)})
+    flat.grad.copy_(torch.tensor([0.1, 0.2, 0.3]))
+    regularize(flat, 0.001)
+    # weight: g + 0.001 * 250 * w = 0.1 + 0.25, 0.2 + 0.5; bias: 2 * (0.3 + 0)
+    torch.testing.assert_close(flat.grad, torch.tensor([0.35, 0.7, 0.6]))
+    plain = FlatParams(nn.Linear(2, 1))
+    plain.data.copy_(torch.tensor([1.0, 2.0, 3.0]))
+    plain.grad.copy_(torch.tensor([0.1, 0.2, 0.3]))
+    regularize(plain, 0.001)
+    torch.testing.assert_close(plain.grad, torch.tensor([0.101, 0.202, 0.303]))
+    with pytest.raises(ValueError, match="name no trainable parameter of the model: nope"):
+        FlatParams(nn.Linear(2, 1), {"nope": (1.0, 1.0)})
+
+
+def test_param_mults_needs_an_authors_model(tmp_path, capsys):
+    from geodml.cli import main
+    with pytest.raises(ValueError, match="--param-mults prototxt needs a network from the authors' Caffe files"):
+        ModelConfig(model="cnn", param_mults="prototxt")
+    out = tmp_path / "never"
+    assert main(["--model", "mlp", "--param-mults", "prototxt", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[0] == (
+        "geodml: error: --param-mults prototxt needs a network from the authors' Caffe files "
+        "(--model lenet or --model resnet20), not --model mlp")
+    assert not out.exists()

@@ -27,6 +27,9 @@ CONFIGS = {
     # every partition every round: one charged all-reduce; momentum reset each round; a partial last round
     "all-reset": ["--reset-momentum", "--steps", "28", "--eval-every", "10", "--log-every", "5",
                   "--weight-decay", "0.001"],
+    # the released LeNet's per-parameter lr and decay multipliers (geodml.algorithms.base.regularize)
+    "lenet-prototxt-mults": ["--model", "lenet", "--param-mults", "prototxt", "--weight-decay", "0.004",
+                             "--client-fraction", "0.5"],
 }
 NOT_COMPARED = {"wall_s", "emulated_s",  # measured
                 # FedAvgM's norm: the pool logs the server's v; the threads engine rank 0's copy, stale

@@ -107,6 +107,14 @@ def test_study_model_choice(tmp_path):
     # Figure 1's ResNet-20 has BatchNorm: the un-normalized figures run it as BN-ResNet-20, untagged
     _, _, cells = planned("noniid", ["--budget", "quick", "--model", "resnet20"], tmp_path)
     assert flag(cells["bsp-iid-s0"].spec.argv, "--norm") == "batch" and cells["bsp-iid-s0"].model == "BN-ResNet-20"
+    # the authors' networks train with their prototxts' lr / decay multipliers; McMahan's CNN has none
+    assert flag(cells["bsp-iid-s0"].spec.argv, "--param-mults") == "prototxt"
+    _, _, cells = planned("noniid", ["--budget", "quick"], tmp_path)
+    assert flag(cells["gaia-t0-0.1-noniid-100-s0"].spec.argv, "--param-mults") == "prototxt"
+    _, _, plan = paper.prepare("noniid", ["--budget", "quick", "--out", str(tmp_path / "s"), "--", "--param-mults", "none"])
+    assert flag({c.spec.run_id: c for c in plan}["gaia-t0-0.1-noniid-100-s0"].spec.argv, "--param-mults") == "none"
+    _, _, cells = planned("noniid", ["--budget", "quick", "--model", "cnn"], tmp_path)
+    assert "--param-mults" not in cells["bsp-iid-s0"].spec.argv
 
 
 def test_norm_and_dirichlet_flags(tmp_path):

@@ -38,6 +38,7 @@ def test_plan_is_the_released_solver_scaled(tmp_path):
     assert flag(a, "--lr") == "0.01" and flag(a, "--batch-size") == "20" and flag(a, "--epochs") == "8"
     assert flag(a, "--lr-milestones") == "4,6" and flag(a, "--eval-every") == "600" and flag(a, "--seed") == "1"
     assert flag(a, "--partition") == "iid" and flag(a, "--model") == "lenet" and flag(a, "--norm") == "none"
+    assert flag(a, "--param-mults") == "prototxt"
     assert runs["bsp-iid-e8-s1"].spec.nproc == 5
     args = plateau.parse(["--out", str(tmp_path / "q"), "--model", "resnet20", "--nproc", "2"])
     a = plateau.plan(args)[0].spec.argv

@@ -28,6 +28,7 @@ internal state (tensors) and statistics (DESIGN.md style rule 5).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -73,9 +74,13 @@ class FlatParams:
     Buffers (BatchNorm running statistics) stay in the model; ``float_buffers`` lists them.
     ``layers`` lists each layer's ``(offset, numel)`` in ``data``: the parameters a module owns
     directly (a conv's weight and bias), contiguous, in order, covering ``data`` exactly.
+
+    ``multipliers`` (``{parameter name: (lr_mult, decay_mult)}``, geodml.models.param_multipliers)
+    become the flat ``lr_mult`` / ``decay_mult`` vectors that :func:`regularize` applies; each is
+    None when all its entries are 1 (the default), so a plain run does no extra arithmetic.
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, multipliers: Mapping[str, tuple[float, float]] | None = None) -> None:
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise ValueError("model has no trainable parameters")
@@ -107,9 +112,44 @@ class FlatParams:
         assert sum(n for _, n in self.layers) == self.numel and \
             all(a + n == b for (a, n), (b, _) in zip(self.layers, self.layers[1:])), "layers tile the flat buffer"
         self.float_buffers = [b for b in model.buffers() if b.is_floating_point()]
+        self.lr_mult: torch.Tensor | None = None
+        self.decay_mult: torch.Tensor | None = None
+        if multipliers:
+            named = dict(model.named_parameters())
+            unknown = sorted(set(multipliers) - {n for n, p in named.items() if id(p) in start})
+            if unknown:
+                raise ValueError(f"multipliers name no trainable parameter of the model: {', '.join(unknown)}")
+            lr, decay = torch.ones_like(self.data), torch.ones_like(self.data)
+            for name, (lr_m, decay_m) in multipliers.items():
+                p = named[name]
+                lr[start[id(p)]:start[id(p)] + p.numel()] = float(lr_m)
+                decay[start[id(p)]:start[id(p)] + p.numel()] = float(decay_m)
+            self.lr_mult = None if bool((lr == 1).all()) else lr
+            self.decay_mult = None if bool((decay == 1).all()) else decay
 
     def zero_grad(self) -> None:
         self.grad.zero_()
+
+
+def regularize(flat: FlatParams, weight_decay: float) -> None:
+    """Caffe's ``Regularize`` and local learning rate on the fresh gradient, in place:
+    ``grad += weight_decay * decay_mult * data``, then ``grad *= lr_mult`` (per element; both
+    multipliers 1 unless the run trains with ``--param-mults prototxt``).
+
+    Caffe's SGD applies ``v = momentum * v + lr * lr_mult * (grad + weight_decay * decay_mult * w)``;
+    every geodml algorithm applies ``lr`` and momentum to the gradient this leaves linearly, so
+    scaling the gradient here is the same update (BSP's average of scaled gradients is the scaled
+    average; Gaia's significance and DGC's selection and clipping see the multiplied values, as
+    the released code's do, which filter Caffe's updates). Terms an algorithm adds later
+    (FedProx's proximal pull) are not multiplied.
+    """
+    if weight_decay:
+        if flat.decay_mult is None:
+            flat.grad.add_(flat.data, alpha=weight_decay)
+        else:
+            flat.grad.addcmul_(flat.decay_mult, flat.data, value=weight_decay)
+    if flat.lr_mult is not None:
+        flat.grad.mul_(flat.lr_mult)
 
 
 class BatchSource(Protocol):

@@ -25,7 +25,7 @@ import threading
 import torch
 from torch import nn
 
-from geodml.config import MODEL_NORMS, NORMS, ModelConfig
+from geodml.config import MODEL_NORMS, NORMS, PROTOTXT_MODELS, ModelConfig
 from geodml.config import MODELS as MODEL_NAMES  # the registries are geodml.config's (the one validator)
 from geodml.models.cifar_cnn import CifarCNN
 from geodml.models.cnn import CNN
@@ -34,7 +34,8 @@ from geodml.models.norms import GROUP_SIZE, BatchReNormSchedule
 from geodml.models.resnet import ResNet20
 from geodml.models.simple import MLP, LogisticRegression
 
-__all__ = ["BatchReNormSchedule", "CifarCNN", "CNN", "build_from_config", "GROUP_SIZE", "LeNet",
+__all__ = ["PROTOTXT_MODELS", "param_multipliers", "BatchReNormSchedule", "CifarCNN", "CNN", "build_from_config",
+           "GROUP_SIZE", "LeNet",
            "LogisticRegression", "MLP", "MODEL_NAMES", "MODEL_NORMS", "NORMS", "ResNet20", "build_model", "count_parameters"]
 
 
@@ -130,6 +131,18 @@ def build_from_config(cfg: ModelConfig, input_shape: tuple[int, int, int], num_c
                               d_max=cfg.brn_d_max, moving_average_fraction=cfg.brn_average_fraction)
     return build_model(cfg.model, cfg.norm, input_shape, num_classes, generator_seed=generator_seed,
                        gn_group_size=cfg.gn_group_size, gn_groups=cfg.gn_groups, brn=brn, input_scale=pixel_std)
+
+
+def param_multipliers(cfg: ModelConfig, model: nn.Module) -> dict[str, tuple[float, float]] | None:
+    """The ``{parameter name: (lr_mult, decay_mult)}`` a run trains ``model`` with: the model's
+    ``prototxt_multipliers()`` under ``--param-mults prototxt``, else None (every parameter 1, 1).
+    geodml.algorithms.base.regularize applies them."""
+    if cfg.param_mults == "none":
+        return None
+    mults = getattr(model, "prototxt_multipliers", None)
+    if mults is None:  # ModelConfig refuses this combination; a model built by hand may still get here
+        raise ValueError(f"--param-mults {cfg.param_mults}: {type(model).__name__} has no prototxt multipliers")
+    return dict(mults())
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -41,10 +41,12 @@ images), test accuracy after 200 / 400 / 600 steps was 10.0 / 66.4 / 73.7% at sc
 not the mean image, and a 3-channel set gets one scale (the root mean square of its channels'
 standard deviations: 63.0 / 62.1 / 66.7 on CIFAR-10, so within 5% per channel).
 
-**Not reproduced here** (the optimizer side of the same files; say so where it matters): the
-plain LeNet's ``lr_mult: 2`` on conv1/conv2/ip1 biases and ``decay_mult: 250`` on ip1's
-weights (BN-LeNet: 1). The solvers' batch (100/K per worker: 50 at K = 2, 20 at K = 5) is the
-studies' (geodml.study.paper).
+**Per-parameter multipliers** (``--param-mults prototxt``; :func:`prototxt_multipliers`): the
+plain prototxt gives conv1's and conv2's biases ``lr_mult: 2``, ip1's weights ``decay_mult: 250``
+and ip1's bias ``lr_mult: 2, decay_mult: 0``; conv3 has no ``param`` block (1, 1). The BN / GN /
+BRN prototxts give ip1's bias ``decay_mult: 0`` and everything else (1, 1) (their norm layers
+have no parameters). With the solvers' weight_decay 5e-4, ip1's weights decay at 0.125. The
+solvers' batch (100/K per worker: 50 at K = 2, 20 at K = 5) is the studies' (geodml.study.paper).
 """
 
 from __future__ import annotations
@@ -144,6 +146,14 @@ class LeNet(nn.Module):
                 nn.init.normal_(layer.weight, 0.0, std)
                 if layer.bias is not None:
                     layer.bias.zero_()
+
+    def prototxt_multipliers(self) -> dict[str, tuple[float, float]]:
+        """``{parameter name: (lr_mult, decay_mult)}`` of the released prototxt, for the
+        parameters whose multipliers are not (1, 1) (module docstring)."""
+        if self.norm == "none":
+            return {"conv1.bias": (2.0, 1.0), "conv2.bias": (2.0, 1.0), "ip1.weight": (1.0, 250.0),
+                    "ip1.bias": (2.0, 0.0)}
+        return {"ip1.bias": (1.0, 0.0)}
 
     def forward(self, x: Tensor) -> Tensor:
         if self.input_scale != 1.0:  # Caffe's pixel scale (module docstring, "Input")

@@ -93,6 +93,18 @@ class ResNet20(nn.Module):
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
 
+    def prototxt_multipliers(self) -> dict[str, tuple[float, float]]:
+        """``{parameter name: (lr_mult, decay_mult)}`` of the authors' ``resnet20`` /
+        ``resnetgn20_train_val.prototxt`` for the parameters whose multipliers are not (1, 1):
+        every convolution's and the classifier's weights ``decay_mult: 2``, the classifier's bias
+        ``decay_mult: 0``; the Scale layers after the norms (here the norms' affine weight and bias)
+        have none. The prototxts' convolutions also carry a bias (``decay_mult: 0``), which this
+        network does not have: before BatchNorm its gradient is zero; before GroupNorm it is not,
+        a documented difference (so is Caffe's Xavier filler against He et al.'s initialization)."""
+        mults = {name: (1.0, 2.0) for name, p in self.named_parameters() if p.dim() > 1}
+        mults["fc.bias"] = (1.0, 0.0)
+        return mults
+
     def forward(self, x: Tensor) -> Tensor:
         x = F.relu(self.norm1(self.conv1(x)))
         x = self.blocks(x)

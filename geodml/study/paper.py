@@ -69,7 +69,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from geodml.config import DATASETS
+from geodml.config import DATASETS, PROTOTXT_MODELS
 from geodml.study.common import mean_sd, run_accuracy, seed_list
 from geodml.study.runner import Launcher, RunResult, RunSpec, run_all, torchrun_launcher, validate_spec
 
@@ -97,6 +97,13 @@ NORM_PREFIX = {"none": "", "batch": "BN-", "group": "GN-", "group2g": "GN2g-", "
 released prototxt's reading (2 groups), run as ``--norm group --gn-groups 2``."""
 NORM_FLAGS = {"none": ("--norm", "none"), "batch": ("--norm", "batch"), "group": ("--norm", "group"),
               "group2g": ("--norm", "group", "--gn-groups", "2"), "batchrenorm": ("--norm", "batchrenorm")}
+
+
+def model_flags(model: str) -> tuple[str, ...]:
+    """``--model MODEL`` and, for the networks from the authors' Caffe files (LeNet, ResNet-20), their
+    prototxts' per-parameter lr and weight-decay multipliers (``--param-mults prototxt``: LeNet's biases
+    at 2x lr, ip1's weights at 250x decay). ``-- --param-mults none`` gives the runs made before them."""
+    return ("--model", model, *(("--param-mults", "prototxt") if model in PROTOTXT_MODELS else ()))
 
 
 def model_label(model: str, norm: str) -> str:
@@ -189,7 +196,10 @@ def paper_eta(nproc: int) -> float:
 
 
 def paper_batch(nproc: int) -> int:
-    """The released solvers' minibatch per partition: 100 / K (20 at K = 5), rounded when K does not divide 100."""
+    """The released solvers' minibatch per partition: 100 / K (20 at K = 5), rounded when K does not divide 100.
+
+    Also ResNet-20's: the paper's Table 2 gives it 20 per node at K = 5, like LeNet; the released
+    5parts resnet20 prototxt still says 50 (its 2parts value), which we read as a copy left unchanged."""
     return max(1, round(PAPER_GLOBAL_BATCH / nproc))
 
 
@@ -306,7 +316,7 @@ class Planner:
         tag = [label.lower()] if norm != base_norm(a.model) else []
         for seed in a.seeds:
             run_id = "-".join([algo, *slug, *tag, setting.replace("%", ""), f"s{seed}"])
-            argv = ("--algo", base_algo, *data_flags(a.dataset, partition, value), "--model", a.model,
+            argv = ("--algo", base_algo, *data_flags(a.dataset, partition, value), *model_flags(a.model),
                     *NORM_FLAGS[norm], "--lr", fmt(lr), "--seed", str(seed), *b.flags(), *knob_f,
                     *ALGO_FLAGS.get(base_algo, ()), *extra, *a.geodml_args)
             self.cells.setdefault(run_id, Cell(algo, setting, label, knob, lr, RunSpec(run_id, self.out / run_id, argv,

@@ -139,7 +139,7 @@ def plan(args: argparse.Namespace) -> list[PlateauRun]:
             budget = paper.Budget(name="full", epochs=float(e), steps=None, lr=eta, batch_size=batch,
                                   eval_every=args.eval_every or per_epoch)
             rid = f"bsp-iid-e{e}-s{seed}"
-            argv = ("--algo", "bsp", "--dataset", args.dataset, "--partition", "iid", "--model", args.model,
+            argv = ("--algo", "bsp", "--dataset", args.dataset, "--partition", "iid", *paper.model_flags(args.model),
                     *paper.NORM_FLAGS[args.norm], "--lr", paper.fmt(paper.lr_for("bsp", eta, args.nproc, "paper")),
                     "--seed", str(seed), *budget.flags(), *args.geodml_args)
             runs.append(PlateauRun(e, seed, RunSpec(rid, Path(args.out) / rid, argv, args.nproc)))

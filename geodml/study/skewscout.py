@@ -187,8 +187,8 @@ def plan(args: argparse.Namespace, budget: paper.Budget) -> list[Fig8Run]:
         data = paper.data_flags(args.dataset, "iid", None) if level is None else paper.data_flags(args.dataset, "label",
                                                                                                   level)
         rid = f"{slug}-{_label(level)}-s{seed}"
-        argv = ("--algo", algo, *data, "--model", args.model, "--norm", args.norm, "--lr", paper.fmt(lr), *budget.flags(),
-                "--seed", str(seed), *flags, *paper.ALGO_FLAGS.get(algo, ()), *args.geodml_args)
+        argv = ("--algo", algo, *data, *paper.model_flags(args.model), "--norm", args.norm, "--lr", paper.fmt(lr),
+                *budget.flags(), "--seed", str(seed), *flags, *paper.ALGO_FLAGS.get(algo, ()), *args.geodml_args)
         runs.append(Fig8Run(role, level, algo, theta, seed, RunSpec(rid, out / rid, argv, args.nproc)))
 
     for seed in args.seeds:
