@@ -34,9 +34,9 @@ from geodml.models.norms import GROUP_SIZE, BatchReNormSchedule
 from geodml.models.resnet import ResNet20
 from geodml.models.simple import MLP, LogisticRegression
 
-__all__ = ["PROTOTXT_MODELS", "param_multipliers", "BatchReNormSchedule", "CifarCNN", "CNN", "build_from_config",
-           "GROUP_SIZE", "LeNet",
-           "LogisticRegression", "MLP", "MODEL_NAMES", "MODEL_NORMS", "NORMS", "ResNet20", "build_model", "count_parameters"]
+__all__ = ["BatchReNormSchedule", "CifarCNN", "CNN", "build_from_config", "GROUP_SIZE", "LeNet",
+           "LogisticRegression", "MLP", "MODEL_NAMES", "MODEL_NORMS", "NORMS", "PROTOTXT_MODELS", "ResNet20",
+           "build_model", "count_parameters", "param_multipliers"]
 
 
 def _construct(name: str, norm: str, input_shape: tuple[int, int, int], num_classes: int, *,
