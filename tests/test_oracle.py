@@ -236,6 +236,95 @@ def test_interrupt_kills_the_process_tree(tmp_path):
     assert not psutil.pid_exists(gc_pid) or psutil.Process(gc_pid).status() == psutil.STATUS_ZOMBIE
 
 
+# ---- runner: several study processes on one directory ---------------------------------------------
+
+WRITE_SUMMARY = ("import json, sys, time, pathlib; time.sleep(0.3); pathlib.Path(sys.argv[1], 'summary.json')"
+                 ".write_text(json.dumps({'final_val_accuracy': 0.5, 'wan_bytes_total': 7}))")
+
+
+@pytest.mark.integration
+def test_two_study_processes_share_a_directory(tmp_path):
+    """Two runners on the same specs (threads: flock locks belong to open files, so they exclude
+    each other like processes): every run is launched once, and both end with every result."""
+    import threading
+    specs = [RunSpec(f"r{i}", tmp_path / f"r{i}", ("--algo", "bsp"), 1) for i in range(4)]
+    launched: list[str] = []
+
+    def launch(spec, stdout, stderr):
+        launched.append(spec.run_id)
+        return python_launcher(WRITE_SUMMARY)(spec, stdout, stderr)
+    results: dict[str, list] = {}
+
+    def study(name):
+        results[name] = run_all(specs, launcher=launch, log=lambda m: None, poll_s=0.02)
+    threads = [threading.Thread(target=study, args=(name,)) for name in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert sorted(launched) == ["r0", "r1", "r2", "r3"]  # each once
+    for name in ("a", "b"):
+        assert [r.spec.run_id for r in results[name]] == ["r0", "r1", "r2", "r3"]
+        assert all(r.succeeded and r.summary["wan_bytes_total"] == 7 for r in results[name])
+    for i in range(4):
+        assert sorted(results[n][i].status for n in ("a", "b")) == ["ok", "reused"]
+
+
+def _hold_lock(spec, seconds, *, write_summary=False):
+    """Another study process: holds the run's lock (and has cleared its directory), then ends."""
+    code = ("import fcntl, json, pathlib, sys, time; f = open(sys.argv[1], 'ab'); fcntl.flock(f, fcntl.LOCK_EX); "
+            "pathlib.Path(sys.argv[2], 'held').write_text('1'); "
+            f"time.sleep({seconds}); "
+            + ("pathlib.Path(sys.argv[2], 'summary.json').write_text(json.dumps({'final_val_accuracy': 0.25}))"
+               if write_summary else "pass"))
+    spec.out.mkdir(parents=True)
+    (spec.out / "launch.json").write_text(json.dumps(runner.launch_record(spec)))
+    p = subprocess.Popen([sys.executable, "-c", code, str(runner.lock_path(spec)), str(spec.out)], start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not (spec.out / "held").exists():
+        assert time.monotonic() < deadline and p.poll() is None
+        time.sleep(0.02)
+    return p
+
+
+@pytest.mark.integration
+def test_a_run_another_process_holds_is_waited_for(tmp_path):
+    spec = RunSpec("r", tmp_path / "r", ("--algo", "bsp"), 1)
+    holder = _hold_lock(spec, 0.5, write_summary=True)
+    lines: list[str] = []
+    res = run_all([spec], launcher=no_launch, log=lines.append, poll_s=0.02)
+    holder.wait(timeout=30)
+    assert res[0].status == "reused" and res[0].summary == {"final_val_accuracy": 0.25}
+    assert lines[0] == "[1/1] busy r: another study process is running it; waiting for it"
+    assert lines[1].startswith("[1/1] reused r (finished by another study process)")
+
+
+@pytest.mark.integration
+def test_a_run_whose_holder_died_is_run_here_and_its_directory_kept_until_then(tmp_path):
+    """The holder is SIGKILLed with no summary: the kernel drops its lock, and this runner clears the
+    directory and runs the run itself; while it was held, the directory was left alone."""
+    spec = RunSpec("r", tmp_path / "r", ("--algo", "bsp"), 1)
+    holder = _hold_lock(spec, 60)
+    seen_held: list[bool] = []
+
+    def launch(s, stdout, stderr):
+        seen_held.append((s.out / "held").exists())
+        return python_launcher(WRITE_SUMMARY)(s, stdout, stderr)
+
+    kept_while_held: list[bool] = []
+
+    def kill_later():
+        time.sleep(0.5)
+        kept_while_held.append((spec.out / "held").exists())
+        holder.kill()
+    import threading
+    threading.Thread(target=kill_later).start()
+    res = run_all([spec], launcher=launch, log=lambda m: None, poll_s=0.02)
+    holder.wait(timeout=30)
+    assert kept_while_held == [True]  # not cleared under the live holder
+    assert res[0].status == "ok" and seen_held == [False]  # then cleared (interrupted) and run here
+
+
 # ---- one tiny real study ------------------------------------------------------------------------
 
 @pytest.mark.integration

@@ -16,6 +16,12 @@ A study (the Oracle baseline of §7.3, later the whole-paper study runner) is a 
 * **No orphans.** Every child starts in its own session; a timeout, Ctrl-C or any exception
   sends SIGTERM to the child's process group and to every descendant (torchrun starts its
   workers in sessions of their own), then SIGKILL after ``grace_s``.
+* **Several study processes may share one directory.** A run is started only under an exclusive
+  lock (``fcntl.flock`` on ``.RUN_ID.lock`` beside the run directory, held until the run ends and
+  released by the kernel if the process dies), so a second study process with the same flags
+  takes the runs nobody is running and adds workers to a study under way; a run another process
+  holds is waited for (its result is read as ``reused``), or run here if it ended without a
+  summary. An interrupted directory is cleared only under its lock, never under a live run.
 * **Injectable launcher.** ``launcher(spec, stdout, stderr) -> subprocess.Popen`` starts one
   run (default ``torchrun_launcher``); tests pass fakes. A launcher must start its child with
   ``start_new_session=True``.
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import fcntl
 import json
 import math
 import os
@@ -169,6 +176,25 @@ def check_reusable(spec: RunSpec) -> None:
                          f"than requested (nproc {new['nproc']}, {' '.join(new['argv'])}); choose another --out or remove it")
 
 
+def lock_path(spec: RunSpec) -> Path:
+    """The lock file of a run: beside its directory, which a restart may clear."""
+    out = Path(spec.out)
+    return out.parent / f".{out.name}.lock"
+
+
+def try_lock(spec: RunSpec) -> IO[bytes] | None:
+    """The run's lock, held while the returned file stays open; None when another process holds it."""
+    path = lock_path(spec)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(path, "ab")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        return None
+    return f
+
+
 def _prepare_dir(spec: RunSpec) -> None:
     out = Path(spec.out)
     if out.exists() and (out / LAUNCH_FILE).exists():  # an interrupted run of ours: start it afresh
@@ -230,20 +256,23 @@ class _Live:
     index: int
     proc: subprocess.Popen
     started: float
-    files: tuple[IO[bytes], IO[bytes]]
+    files: tuple[IO[bytes], ...]
+    """stdout, stderr and the run's lock (closed when the run ends: the lock goes with it)."""
 
 
-def _start(spec: RunSpec, index: int, launcher: Launcher) -> _Live:
-    _prepare_dir(spec)
-    stdout = open(Path(spec.out) / STDOUT_FILE, "wb")
-    stderr = open(Path(spec.out) / STDERR_FILE, "wb")
+def _start(spec: RunSpec, index: int, launcher: Launcher, lock: IO[bytes]) -> _Live:
+    """Clear and prepare the run's directory and launch it, holding ``lock`` (closed on failure)."""
+    opened: list[IO[bytes]] = [lock]
     try:
-        proc = launcher(spec, stdout, stderr)
+        _prepare_dir(spec)
+        opened.append(open(Path(spec.out) / STDOUT_FILE, "wb"))
+        opened.append(open(Path(spec.out) / STDERR_FILE, "wb"))
+        proc = launcher(spec, opened[1], opened[2])
     except BaseException:
-        stdout.close()
-        stderr.close()
+        for f in opened:
+            f.close()
         raise
-    return _Live(spec, index, proc, time.monotonic(), (stdout, stderr))
+    return _Live(spec, index, proc, time.monotonic(), (opened[1], opened[2], lock))
 
 
 def _finish(live: _Live, *, timed_out: bool) -> RunResult:
@@ -312,14 +341,49 @@ def run_all(specs: list[RunSpec], *, jobs: int = 1, timeout_s: float = 1800.0, l
         else:
             pending.append(i)
     live: list[_Live] = []
+    busy: list[int] = []  # runs another study process holds: waited for, or run here if it gives them up
     durations: list[float] = []  # of the runs finished in this invocation, for the ETA
+
+    def take(i: int) -> IO[bytes] | None:
+        """Run i's lock, or None: another process holds it (it joins ``busy``, logged once), or it
+        finished meanwhile (its result is read as reused)."""
+        lock = try_lock(specs[i])
+        if lock is None:
+            if i not in busy:
+                busy.append(i)
+                log(f"[{i + 1}/{n}] busy {specs[i].run_id}: another study process is running it; waiting for it")
+            return None
+        summary = read_summary(specs[i].out)
+        if summary is not None:  # another process finished it after this one looked
+            lock.close()
+            results[i] = RunResult(specs[i], "reused", summary=summary, returncode=0)
+            log(f"[{i + 1}/{n}] reused {specs[i].run_id} (finished by another study process): {describe(results[i])}")
+            return None
+        return lock
+
+    def next_run() -> tuple[int, IO[bytes]] | None:
+        """The next run to start here, with its lock: pending runs in order, then busy runs whose holder
+        ended without a summary (it failed or was stopped)."""
+        while pending:
+            i = pending.pop(0)
+            lock = take(i)
+            if lock is not None:
+                return i, lock
+        for i in list(busy):
+            lock = take(i)
+            if lock is not None or results[i] is not None:
+                busy.remove(i)
+            if lock is not None:
+                return i, lock
+        return None
+
     try:
-        while pending or live:
-            while pending and len(live) < jobs:
-                i = pending.pop(0)
+        while pending or live or busy:
+            while len(live) < jobs and (nxt := next_run()) is not None:
+                i, lock = nxt
                 log(f"[{i + 1}/{n}] start {specs[i].run_id} (study time {time.monotonic() - t0:.1f} s)")
                 try:
-                    live.append(_start(specs[i], i, launcher))
+                    live.append(_start(specs[i], i, launcher, lock))
                 except OSError as exc:  # e.g. the interpreter or the run directory is not usable
                     results[i] = RunResult(specs[i], "failed", error=f"could not start: {exc}")
                     log(f"[{i + 1}/{n}] FAILED {specs[i].run_id}: {results[i].error}")
