@@ -121,9 +121,9 @@ class FlatParams:
                 raise ValueError(f"multipliers name no trainable parameter of the model: {', '.join(unknown)}")
             lr, decay = torch.ones_like(self.data), torch.ones_like(self.data)
             for name, (lr_m, decay_m) in multipliers.items():
-                p = named[name]
-                lr[start[id(p)]:start[id(p)] + p.numel()] = float(lr_m)
-                decay[start[id(p)]:start[id(p)] + p.numel()] = float(decay_m)
+                first = start[id(named[name])]
+                span = slice(first, first + named[name].numel())
+                lr[span], decay[span] = float(lr_m), float(decay_m)
             self.lr_mult = None if bool((lr == 1).all()) else lr
             self.decay_mult = None if bool((decay == 1).all()) else decay
 
