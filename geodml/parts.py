@@ -37,6 +37,20 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class DeviceData:
+    """The dataset's tensors on the training device (the CPU's are the dataset's own, not copies)."""
+
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+
+    @classmethod
+    def of(cls, ds: Dataset, device: torch.device) -> DeviceData:
+        return cls(ds.train_x.to(device), ds.train_y.to(device), ds.test_x.to(device), ds.test_y.to(device))
+
+
+@dataclass(frozen=True)
 class Preflight:
     """What the preflight resolved once, before any process group, for the run to use as is."""
 
@@ -80,7 +94,9 @@ class Startup:
     def report(self, **extra: object) -> dict:
         import resource
         peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-        return {**extra, **{k: round(v, 4) for k, v in self.laps.items()}, "peak_rss_bytes": int(peak_kib) * 1024}
+        gpu = {"peak_cuda_bytes": int(torch.cuda.max_memory_allocated())} if torch.cuda.is_initialized() else {}
+        return {**extra, **{k: round(v, 4) for k, v in self.laps.items()}, "peak_rss_bytes": int(peak_kib) * 1024,
+                **gpu}
 
 
 @dataclass
@@ -135,7 +151,8 @@ def _start_exporter(cfg: RunConfig, env: Env, comm: RunComm, out: Path, device: 
 
 
 def start_process_exporter(cfg: RunConfig, env: Env, out: Path, stack: ExitStack, *, partitions: int,
-                           wire_rejected: Callable[[], dict[str, int]] | None) -> RankExporter | None:
+                           device: torch.device, wire_rejected: Callable[[], dict[str, int]] | None
+                           ) -> RankExporter | None:
     """This process's one Prometheus exporter for the partitions it hosts (``--metrics-port`` +
     local rank; collective over the processes), labelled by partition up to
     PARTITION_LABEL_LIMIT partitions, by process and region above; process 0 writes the file_sd
@@ -154,7 +171,7 @@ def start_process_exporter(cfg: RunConfig, env: Env, out: Path, stack: ExitStack
         return got
 
     by_region = partitions > PARTITION_LABEL_LIMIT
-    exporter = RankExporter(device=torch.device("cpu"), wire_rejected=wire_rejected,
+    exporter = RankExporter(device=device, wire_rejected=wire_rejected,
                             group_by_region=env.rank if by_region else None)
     targets = start_together(exporter, all_gather, who=f"process {env.rank}", index=env.rank, local_index=env.local_rank,
                              base_port=cfg.metrics_port, host=cfg.metrics_host)
@@ -206,10 +223,11 @@ def write_run_header(cfg: RunConfig, pre: Preflight, out: Path, *, comm: RunComm
 
 def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: torch.device, stack: ExitStack,
                 startup: Startup, comm: RunComm | None = None, eval_cache: EvalCache | None = None,
-                host_exporter: RankExporter | None = None) -> Parts:
+                host_exporter: RankExporter | None = None, tensors: DeviceData | None = None) -> Parts:
     """Build every part of this rank's run (collective: every rank calls it in the same order).
     ``env`` is the partition's view (rank = partition, world size = partitions); ``comm``, when
-    given, is the partition's in-process Comm (geodml.run hosts several partitions in one process)."""
+    given, is the partition's in-process Comm (geodml.run hosts several partitions in one process);
+    ``tensors``: the dataset already on ``device``, shared by the partitions a process hosts."""
     from geodml.algorithms import AlgoContext, FlatParams, build_algorithm
     from geodml.checkpoint import Checkpointer, find_resume_step, fingerprint, resume_requested, truncate_metrics
     from geodml.comm import build_comm
@@ -261,8 +279,9 @@ def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: 
     stack.callback(sink.close)
     rundir.rank_dir(out, rank).mkdir(parents=True, exist_ok=True)
 
-    data = TrainData(train_x=ds.train_x.to(device), train_y=ds.train_y.to(device), test_x=ds.test_x.to(device),
-                     test_y=ds.test_y.to(device), local_indices=parts[rank])
+    t = tensors or DeviceData.of(ds, device)
+    data = TrainData(train_x=t.train_x, train_y=t.train_y, test_x=t.test_x, test_y=t.test_y,
+                     local_indices=parts[rank])
     skewscout = None
     if cfg.skewscout.enabled:
         from geodml.skewscout import ModelTraveler, SkewScout

@@ -537,7 +537,7 @@ def run_pool(cfg: RunConfig, env: Env, pre: Preflight) -> dict | None:
             startup.lap("zmq_mesh_s")
             startup.moved_to_preflight("data_s", pre.data_s)
             try:
-                exporter = start_process_exporter(cfg, env, out, stack, partitions=P, wire_rejected=(
+                exporter = start_process_exporter(cfg, env, out, stack, partitions=P, device=torch.device("cpu"), wire_rejected=(
                     group.cross.wire_rejected if group.cross is not None else None))
                 pool = Pool(cfg, env, pre, out=out, group=group, startup=startup, exporter=exporter)
             except (ValueError, MetricsError) as exc:

@@ -26,7 +26,7 @@ import torch
 from geodml import rundir
 from geodml.comm.api import CommError
 from geodml.config import RunConfig
-from geodml.parts import Parts, Preflight, Startup, build_parts, start_process_exporter
+from geodml.parts import DeviceData, Parts, Preflight, Startup, build_parts, start_process_exporter
 from geodml.runtime import Env
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ def preflight(cfg: RunConfig, env: Env, *, data: bool = True) -> Preflight:
     from geodml.runtime import resolve_backend
 
     partitions = check_partitions(cfg, env)
-    backend = resolve_backend(cfg.backend, env.local_world_size, cfg.device)
+    backend = resolve_backend(cfg.backend, env.local_world_size, hosting_device(cfg, partitions, env.world_size))
     if cfg.skewscout.enabled and partitions < 2:
         raise ValueError("--skewscout travels models between partitions: run at least 2 processes (torchrun --nproc_per_node=K)")
     rundir.check_out_dir(cfg.out, restarting=restarting())
@@ -79,8 +79,7 @@ def check_partitions(cfg: RunConfig, env: Env) -> int:
     """The number of partitions P (``--partitions``, default the number of processes R). P = R: one
     partition per process. P > R: each process hosts a contiguous block of partitions as threads
     over an in-process Comm linked to the other processes (geodml.comm.crossproc), with one
-    Prometheus exporter per process. Hosted partitions on a GPU are not built yet: a clear error;
-    hosted partitions train on the CPU."""
+    Prometheus exporter per process; on the device :func:`hosting_device` names."""
     partitions = cfg.partitions or env.world_size
     if partitions < env.world_size:
         raise ValueError(f"--partitions {partitions} is fewer than the {env.world_size} processes; every process "
@@ -95,11 +94,21 @@ def check_partitions(cfg: RunConfig, env: Env) -> int:
         why = ("--engine threads" if cfg.engine == "threads" else pool_refusal(cfg)
                or f"one partition per process (--partitions {partitions} over {env.world_size} process(es))")
         raise ValueError(f"--vmap needs the pool engine, which this run does not use: {why}")
-    if partitions > env.world_size and cfg.device == "cuda":
-        raise ValueError(f"--device cuda with --partitions {partitions} over {env.world_size} process(es) is not "
-                         "supported yet: hosted partitions train on the CPU; use --device cpu (or auto), or one "
-                         "process per GPU")
+    if partitions > env.world_size and cfg.backend == "nccl" and cfg.device != "cuda":
+        raise ValueError(f"--backend nccl with --partitions {partitions} over {env.world_size} process(es): hosted "
+                         "partitions train on the CPU unless --device cuda; add --device cuda, or use --backend auto")
     return partitions
+
+
+def hosting_device(cfg: RunConfig, partitions: int, processes: int) -> str:
+    """The ``--device`` the processes run on. One partition per process: ``--device`` as given.
+    P > R: hosted partitions go to a GPU only with ``--device cuda`` (one GPU per process under
+    NCCL, or shared GPUs over gloo, as for one partition per process); ``auto`` keeps them on the
+    CPU, because the hosted GPU path has not yet been measured against the CPU on a GPU
+    (tests/test_cuda.py holds that check; docs/performance.md says where it stands)."""
+    if partitions > processes and cfg.device != "cuda":
+        return "cpu"
+    return cfg.device
 
 
 def engine(cfg: RunConfig, partitions: int, processes: int) -> str:
@@ -206,12 +215,12 @@ def _joined(cfg: RunConfig, env: Env, backend: str, device: str) -> Iterator[tup
 
 def _train(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: torch.device, startup: Startup,
            wall_t0: float, comm: RunComm | None = None, eval_cache: EvalCache | None = None,
-           host_exporter: RankExporter | None = None) -> dict | None:
+           host_exporter: RankExporter | None = None, tensors: DeviceData | None = None) -> dict | None:
     """Build one partition's parts, train, finish (closes what it opened); the summary on rank 0."""
     with ExitStack() as stack:
         try:
             parts = build_parts(cfg, env, pre, out=out, device=device, stack=stack, startup=startup, comm=comm,
-                                eval_cache=eval_cache, host_exporter=host_exporter)
+                                eval_cache=eval_cache, host_exporter=host_exporter, tensors=tensors)
         except ValueError as exc:  # set-up reads only inputs: a ValueError here is a bad input, not a bug
             raise InputError(str(exc)) from None
         startup.lap("model_s")
@@ -243,10 +252,12 @@ def _run_hosted(cfg: RunConfig, env: Env, pre: Preflight) -> dict | None:
     process), one thread each, over an in-process Comm (geodml.comm.inprocess) linked to the other
     processes' blocks (geodml.comm.crossproc): the same parts, trainer and run directory as P
     processes, and the same bytes, messages and emulated seconds charged. Partition p's thread is
-    "rank p" of the run; partition 0 (in process 0) writes the run directory."""
+    "rank p" of the run; partition 0 (in process 0) writes the run directory. On a GPU
+    (``--device cuda``) the process's partitions share its GPU and one copy of the dataset there."""
     from geodml.comm import build_hosted_group
     from geodml.comm.crossproc import blocks
     from geodml.metrics.prometheus import MetricsError
+    from geodml.runtime import collective_device
     from geodml.trainer import EvalCache
 
     torch.set_num_threads(cfg.threads)
@@ -256,15 +267,17 @@ def _run_hosted(cfg: RunConfig, env: Env, pre: Preflight) -> dict | None:
     wall_t0 = time.monotonic()
     summaries: dict[int, dict | None] = {}
     errors: list[BaseException] = []
-    # Hosted partitions train on the CPU: a gloo group, whatever the host has.
-    with _joined(cfg, env, "gloo", "cpu") as (device, out), ExitStack() as stack:
+    with _joined(cfg, env, pre.backend, hosting_device(cfg, P, R)) as (device, out), ExitStack() as stack:
         # The hosted partitions share this process's cores, so a wait on a peer may last as long as
         # the others' work in turn: the bound on any wait (--comm-timeout) is scaled by the block's size.
         group = build_hosted_group(dataclasses.replace(cfg.comm, timeout_s=cfg.comm.timeout_s * len(block)),
-                                   partitions=P, process=env.rank, processes=R, topology=pre.topology)
+                                   partitions=P, process=env.rank, processes=R, topology=pre.topology,
+                                   device=collective_device(pre.backend))
         eval_cache = EvalCache()  # partitions holding the same model are evaluated once
+        assert pre.dataset is not None
+        tensors = DeviceData.of(pre.dataset, device)  # one copy on the device for every hosted partition
         try:
-            exporter = start_process_exporter(cfg, env, out, stack, partitions=P, wire_rejected=(
+            exporter = start_process_exporter(cfg, env, out, stack, partitions=P, device=device, wire_rejected=(
                 group.cross.wire_rejected if group.cross is not None else None))
         except MetricsError as exc:
             group.close()
@@ -274,8 +287,11 @@ def _run_hosted(cfg: RunConfig, env: Env, pre: Preflight) -> dict | None:
             penv = Env(rank=p, world_size=P, local_rank=p - block.start, local_world_size=len(block),
                        under_torchrun=False)
             try:
+                if device.type == "cuda":  # the current device is per thread (NCCL and cuDNN use it)
+                    torch.cuda.set_device(device)
                 summaries[p] = _train(cfg, penv, pre, out=out, device=device, startup=Startup(), wall_t0=wall_t0,
-                                      comm=group.comm(p), eval_cache=eval_cache, host_exporter=exporter)
+                                      comm=group.comm(p), eval_cache=eval_cache, host_exporter=exporter,
+                                      tensors=tensors)
             except BaseException as exc:  # noqa: BLE001 -- re-raised in the main thread
                 errors.append(exc)
                 group.abort(f"partition {p} failed: {type(exc).__name__}: {exc}")

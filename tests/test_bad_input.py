@@ -226,8 +226,8 @@ CASES = [
     ("partitions-zero", lambda t: ["--partitions", "0"], "--partitions must be an integer >= 1"),
     ("vmap-without-pool", lambda t: ["--partitions", "3", "--vmap"],
      "--vmap needs the pool engine, which this run does not use: --algo bsp"),
-    ("partitions-on-cuda", lambda t: ["--partitions", "3", "--device", "cuda"],
-     "--device cuda with --partitions 3 over 1 process(es) is not supported yet"),
+    ("partitions-nccl-on-cpu", lambda t: ["--partitions", "3", "--backend", "nccl"],
+     "--backend nccl with --partitions 3 over 1 process(es): hosted partitions train on the CPU unless --device cuda"),
     ("toml-seed-float", lambda t: _toml(t, "seed = 1.5\n"), "seed = 1.5 is a float; expected an integer"),
     ("toml-topology-int", lambda t: _toml(t, "topology = 3\n"), "topology = 3 is an integer; expected a string"),
 ]
@@ -309,9 +309,9 @@ ENV_CASES = [
     ("env-fewer-partitions-than-processes", {"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1",
                                              "MASTER_PORT": "29500", "GEODML_TEST_ARGV": "--partitions 2"},
      "--partitions 2 is fewer than the 3 processes"),
-    ("env-partitions-over-processes-on-cuda", {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-                                               "MASTER_PORT": "29500", "GEODML_TEST_ARGV": "--partitions 6 --device cuda"},
-     "--device cuda with --partitions 6 over 2 process(es) is not supported yet"),
+    ("env-partitions-over-processes-on-nccl", {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                                               "MASTER_PORT": "29500", "GEODML_TEST_ARGV": "--partitions 6 --backend nccl"},
+     "--backend nccl with --partitions 6 over 2 process(es): hosted partitions train on the CPU unless --device cuda"),
     ("env-more-processes-than-samples", {"RANK": "0", "WORLD_SIZE": "20", "MASTER_ADDR": "127.0.0.1",
                                          "MASTER_PORT": "29500"}, "cannot split 12 samples into 20 partitions"),
 ]

@@ -65,3 +65,37 @@ def test_shared_gpu_gaia_skewscout_and_resume(tmp_path):
     assert r.returncode == 0 and "resumed from step 10" in r.stdout, r.stderr[-3000:]
     s2 = json.loads((out / "summary.json").read_text())
     assert s2["wan_bytes_total"] == s["wan_bytes_total"] and s2["theta_trajectory"] == s["theta_trajectory"]
+
+
+# Hosted partitions on a GPU (issue 19): written on a machine without one; they run where CUDA is.
+LEDGER = ("wan_bytes_total", "lan_bytes_total", "wan_bytes_by_kind", "bytes_by_link", "messages_total")
+
+
+@pytest.mark.parametrize("algo, extra", [("bsp", ()), ("dgc", ("--e-warm", "1")),
+                                         ("fedavg", ("--iter-local", "5", "--server-momentum", "0.9"))])
+def test_five_partitions_on_one_gpu_match_five_cpu_processes(tmp_path, algo, extra):
+    """The paper's five data centers on one GPU (P = 5, R = 1, NCCL) against five CPU processes:
+    the same ledger to the byte (BSP and FedAvg send dense tensors, DGC a fixed number of entries
+    per layer), and final weights within float tolerance of the CPU's (GPU and CPU kernels round
+    differently; the tolerance is the one the shared-GPU BSP test uses)."""
+    gpu_out, gpu_cfg, gpu = _run(tmp_path, "gpu", 1, "--partitions", "5", "--device", "cuda", "--algo", algo, *extra)
+    cpu_out, _, cpu = _run(tmp_path, "cpu", 5, "--device", "cpu", "--algo", algo, *extra)
+    assert gpu_cfg["backend"] == "nccl" and gpu_cfg["device"] == "cuda:0"
+    assert {k: gpu.get(k) for k in LEDGER} == {k: cpu.get(k) for k in LEDGER} and gpu["wan_bytes_total"] > 0
+    ref = _sd(cpu_out / "model.pt")
+    for k, v in _sd(gpu_out / "model.pt").items():
+        torch.testing.assert_close(v, ref[k], rtol=1e-3, atol=1e-4)
+
+
+def test_hosted_gaia_on_a_shared_gpu_equals_one_process(tmp_path):
+    """Six Gaia partitions on one GPU: one process (NCCL) against two processes sharing it (gloo,
+    collectives staged through the host): the same device arithmetic, so the same significant
+    entries, ledger and weights (to float tolerance: the two runs' cuDNN picks may differ)."""
+    one_out, _, one = _run(tmp_path, "one", 1, "--partitions", "6", "--device", "cuda", "--algo", "gaia", "--t0", "0.1")
+    two_out, two_cfg, two = _run(tmp_path, "two", 2, "--partitions", "6", "--device", "cuda", "--algo", "gaia",
+                                 "--t0", "0.1")
+    assert two_cfg["backend"] == ("nccl" if torch.cuda.device_count() >= 2 else "gloo")
+    assert {k: one[k] for k in LEDGER} == {k: two[k] for k in LEDGER} and one["wan_bytes_total"] > 0
+    ref = _sd(one_out / "model.pt")
+    for k, v in _sd(two_out / "model.pt").items():
+        torch.testing.assert_close(v, ref[k], rtol=1e-4, atol=1e-5)

@@ -53,6 +53,28 @@ def test_blocks_are_contiguous_and_differ_by_at_most_one():
     assert [list(b) for b in blocks(5, 5)] == [[0], [1], [2], [3], [4]]
 
 
+def test_hosted_partitions_go_to_a_gpu_only_with_device_cuda(monkeypatch, tmp_path):
+    """Which device and backend a run's processes get (torch.cuda stubbed with one GPU: this
+    checks the rule, not CUDA; tests/test_cuda.py runs it on a GPU). One partition per process:
+    auto takes the GPU, as before. P > R: only --device cuda does (NCCL when each process has its
+    own GPU, gloo when processes share one); auto keeps hosted partitions on the CPU."""
+    from geodml.cli import parse_config
+    from geodml.run import hosting_device, preflight
+    from geodml.runtime import Env
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    one, two = Env(0, 1, 0, 1, False), Env(0, 2, 0, 2, True)
+    for flags, env, device, backend in ((["--partitions", "5"], one, "cpu", "gloo"),
+                                        (["--partitions", "5", "--device", "cuda"], one, "cuda", "nccl"),
+                                        (["--partitions", "6", "--device", "cuda"], two, "cuda", "gloo"),
+                                        (["--partitions", "6", "--device", "cpu"], two, "cpu", "gloo"),
+                                        ([], one, "auto", "nccl")):
+        cfg = parse_config(["--dataset", "digits", "--out", str(tmp_path / "run"), *flags])
+        assert hosting_device(cfg, cfg.partitions or env.world_size, env.world_size) == device, flags
+        assert preflight(cfg, env, data=False).backend == backend, flags
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("name", list(ALGOS))
 def test_six_partitions_on_one_two_three_and_six_processes_are_bit_identical(name, tmp_path, monkeypatch):

@@ -17,6 +17,11 @@ For each configuration, side by side in one invocation:
   on the same engine: FedAvg rows on the pool engine),
   against the partitions' own state: P x (weights + momentum) in float32.
 
+``--device cuda``: geodml's partitions and the plain loop train on the GPU (the partitions of a
+process share its GPU, on the threads engine; the pool engine runs on the CPU), the plain loop's
+clock stops after ``torch.cuda.synchronize()``, and memory is the processes' peak of
+``torch.cuda.max_memory_allocated`` (GPU memory, not RSS), the fixed cost measured the same way.
+
 Ratios: geodml / plain loop (target >= 0.9) and (peak - fixed) / own state (target <= 2). The
 machine is shared and has 2 cores: quote ratios, and the load average printed with them.
 """
@@ -72,34 +77,38 @@ def _dataset() -> str:
         return "digits"
 
 
-def measure(cfg: Config, steps: int, workdir: Path, dataset: str, model: str) -> tuple[float, int]:
-    """(partition-steps per second, summed peak RSS of the processes in bytes) of one run."""
+def measure(cfg: Config, steps: int, workdir: Path, dataset: str, model: str, device: str = "cpu") -> tuple[float, int]:
+    """(partition-steps per second, summed peak memory of the processes in bytes: RSS on the CPU,
+    allocated GPU memory with ``device`` cuda) of one run."""
     from geodml.comm.crossproc import process_of
     log_every = ITER_LOCAL if cfg.algo == "fedavg" else 10
     # one window more: run_geodml times the windows between log lines, and the last line, which
     # carries the final evaluation, is not one of them
     t = run_geodml(cfg.processes, cfg.algo, steps + log_every, workdir, model=model, dataset=dataset,
                    batch_size=BATCH, log_every=log_every,
-                   extra=(*cfg.flags(), "--partitions", str(cfg.partitions)),
+                   extra=(*cfg.flags(), "--partitions", str(cfg.partitions), "--device", device),
                    timeout_s=3600.0)  # 10,000 clients of LeNet take ~15 min on 2 cores
     assert t.out is not None
     owner = process_of(cfg.partitions, cfg.processes)
     peak = [0] * cfg.processes
-    for p in range(cfg.partitions):  # each partition reports its process's peak RSS when it finishes
+    key = "peak_cuda_bytes" if device == "cuda" else "peak_rss_bytes"
+    for p in range(cfg.partitions):  # each partition reports its process's peak memory when it finishes
         rep = json.loads((t.out / f"rank{p}" / "startup.json").read_text())
-        peak[owner[p]] = max(peak[owner[p]], int(rep["peak_rss_bytes"]))
+        peak[owner[p]] = max(peak[owner[p]], int(rep[key]))
     return cfg.computing / t.step_s, sum(peak)
 
 
-def plain_loop(cfg: Config, steps: int, dataset: str, model_name: str) -> float:
+def plain_loop(cfg: Config, steps: int, dataset: str, model_name: str, device: str = "cpu") -> float:
     """Partition-steps per second of the floor (module docstring), in this process, one thread."""
     from geodml.data.datasets import load_dataset
     from geodml.models import build_model
     torch.set_num_threads(1)
+    dev = torch.device(device)
     ds = load_dataset(dataset, None, seed=0)
-    x_all, y_all = ds.train_x, ds.train_y
-    parts = np.array_split(np.random.default_rng(0).permutation(len(y_all)), cfg.partitions)
-    model = build_model(model_name, "none", ds.input_shape, ds.num_classes, generator_seed=0)
+    x_all, y_all = ds.train_x.to(dev), ds.train_y.to(dev)
+    parts = [torch.from_numpy(p).to(dev)
+             for p in np.array_split(np.random.default_rng(0).permutation(len(y_all)), cfg.partitions)]
+    model = build_model(model_name, "none", ds.input_shape, ds.num_classes, generator_seed=0).to(dev)
     params = list(model.parameters())
     flat = torch.nn.utils.parameters_to_vector(params).detach()
     momentum = [torch.zeros_like(p) for p in params]
@@ -107,7 +116,7 @@ def plain_loop(cfg: Config, steps: int, dataset: str, model_name: str) -> float:
     rng = np.random.default_rng(1)
     lr, mom = 0.01, 0.9
 
-    def sgd_step(idx: np.ndarray) -> None:
+    def sgd_step(idx: torch.Tensor) -> None:
         xb, yb = x_all[idx], y_all[idx]
         for p in params:
             p.grad = None
@@ -118,8 +127,9 @@ def plain_loop(cfg: Config, steps: int, dataset: str, model_name: str) -> float:
                 u.mul_(mom).add_(p.grad, alpha=-lr)
                 p.add_(u)
 
-    def batch(k: int) -> np.ndarray:
-        return rng.choice(parts[k], BATCH, replace=len(parts[k]) < BATCH)
+    def batch(k: int) -> torch.Tensor:
+        n = len(parts[k])
+        return parts[k][torch.from_numpy(rng.choice(n, BATCH, replace=n < BATCH)).to(dev)]
 
     done = 0
     t0 = time.perf_counter()
@@ -145,6 +155,8 @@ def plain_loop(cfg: Config, steps: int, dataset: str, model_name: str) -> float:
                 sgd_step(batch(k))
                 states[k] = torch.nn.utils.parameters_to_vector(params).detach()
                 done += 1
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
     return done / (time.perf_counter() - t0)
 
 
@@ -165,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="lenet")
     p.add_argument("--no-gaia-dgc", action="store_true", help="skip Gaia and DGC at P = 100")
     p.add_argument("--vmap", action="store_true", help="also FedAvg at P = 100 with --vmap (geodml.stacked)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where the partitions and the plain loop train (cuda: GPU memory instead of RSS)")
     a = p.parse_args(argv)
     ps = [16, 100] if a.quick else [int(x) for x in a.ps.split(",") if x]
     rs = [int(x) for x in a.rs.split(",") if x]
@@ -175,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     dataset = _dataset()
     configs = [Config("fedavg", P, R, ("--reset-momentum",) if P >= 10000 else ()) for P in ps for R in rs if R <= P]
     if a.vmap:
+        if a.device == "cuda":
+            raise ValueError("--vmap runs on the pool engine, which trains on the CPU: leave out --vmap with --device cuda")
         configs += [Config("fedavg", 100, R, ("--vmap",)) for R in rs]
     if not a.no_gaia_dgc:
         configs += [Config(algo, 100, R) for algo in ("gaia", "dgc") for R in rs]
@@ -185,14 +201,14 @@ def main(argv: list[str] | None = None) -> int:
         for cfg in configs:
             # the fixed cost of a process: the same engine with one partition per process (FedAvg
             # runs on the pool engine, whose process holds less than one partition's threads-engine set-up)
-            key = (cfg.processes, cfg.algo == "fedavg")
+            key = (cfg.processes, cfg.algo == "fedavg" and a.device == "cpu")
             if key not in fixed:
                 engine = ("--engine", "pool") if key[1] else ()
                 fixed[key] = measure(Config("fedavg", cfg.processes, cfg.processes, engine), steps, Path(tmp),
-                                     dataset, a.model)[1]
+                                     dataset, a.model, a.device)[1]
             load = os.getloadavg()[0]
-            rate, peak = measure(cfg, steps, Path(tmp), dataset, a.model)
-            floor = plain_loop(cfg, steps, dataset, a.model)
+            rate, peak = measure(cfg, steps, Path(tmp), dataset, a.model, a.device)
+            floor = plain_loop(cfg, steps, dataset, a.model, a.device)
             state = cfg.partitions * own
             rows.append([" ".join([cfg.algo, *(f.lstrip("-") for f in cfg.extra)]), cfg.partitions, cfg.processes, rate, floor,
                          rate / floor, peak / 2**20, fixed[key] / 2**20, state / 2**20,
@@ -202,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(format_table(["algo", "P", "R", "geodml ps/s", "loop ps/s", "x loop", "peak MiB", "fixed MiB", "own MiB",
                         "x own", "load"], rows,
-                       title=f"federation: {a.model} on {dataset}, batch {BATCH}, FedAvg Iter_Local {ITER_LOCAL} client "
-                             f"fraction {FRACTION}, {steps} steps, --wan off; ps/s = partition-steps per second; "
-                             "targets: x loop >= 0.9, x own <= 2"))
+                       title=f"federation ({a.device}): {a.model} on {dataset}, batch {BATCH}, FedAvg Iter_Local "
+                             f"{ITER_LOCAL} client fraction {FRACTION}, {steps} steps, --wan off; "
+                             "ps/s = partition-steps per second; targets: x loop >= 0.9, x own <= 2"))
     return 0

@@ -99,18 +99,20 @@ def build_comm(cfg: CommConfig, *, rank: int, world_size: int, device: torch.dev
 
 
 def build_hosted_group(cfg: CommConfig, *, partitions: int, process: int, processes: int,
-                       topology: Topology | None = None) -> InProcessGroup:
+                       topology: Topology | None = None, device: torch.device | None = None) -> InProcessGroup:
     """This process's :class:`InProcessGroup` when P ``partitions`` run on ``processes`` processes
     (geodml.comm.crossproc): it hosts block ``process`` of the partitions. With more than one
     process this is collective over the default process group (every process calls it): it binds
     the process's ZeroMQ socket and exchanges addresses as :func:`build_comm` does, with ranks =
-    processes. Close the group (it closes the transport) before the process group is destroyed."""
+    processes. ``device``: where the process group's collectives take tensors (the CPU unless it
+    is NCCL; geodml.runtime.collective_device). Close the group (it closes the transport) before
+    the process group is destroyed."""
     from geodml.comm.crossproc import CrossProcess, blocks
 
     cross = None
     if processes > 1:
         names = [f"partitions {b.start}-{b.stop - 1}" for b in blocks(partitions, processes)]
-        cross = CrossProcess(process=process, processes=processes, partitions=partitions,
+        cross = CrossProcess(process=process, processes=processes, partitions=partitions, device=device,
                              transport=_peer_transport(cfg, rank=process, world_size=processes, names=names))
     try:
         return InProcessGroup.from_config(cfg, partitions, topology=topology, cross=cross)

@@ -73,8 +73,14 @@ class CrossProcess:
     when the dispatcher fails. Call :meth:`start` once the group exists, :meth:`close` once.
     """
 
-    def __init__(self, *, process: int, processes: int, partitions: int, transport: PeerTransport | None) -> None:
+    def __init__(self, *, process: int, processes: int, partitions: int, transport: PeerTransport | None,
+                 device: torch.device | None = None) -> None:
         self.process, self.processes, self.partitions = process, processes, partitions
+        self.device = device or torch.device("cpu")
+        """Where the process group's collectives take tensors: the CPU (gloo), or this process's
+        GPU (NCCL). A tensor elsewhere (partitions on a GPU shared over gloo) is staged through a
+        buffer kept per (shape, dtype)."""
+        self._staging: dict[tuple, torch.Tensor] = {}
         self.blocks = blocks(partitions, processes)
         self.owner = process_of(partitions, processes)
         self.hosted = self.blocks[process]
@@ -86,29 +92,46 @@ class CrossProcess:
         self._fail: Callable[[CommError], None] | None = None
 
     # ---- collectives (called by the group's last-arriving partition, under the group's lock) ----
-    # Hosted partitions train on the CPU and the processes' group is gloo: tensors go as they are.
+    # Tensors on the group's device go as they are (the CPU under gloo, the GPU under NCCL).
     def all_reduce_(self, tensor: torch.Tensor) -> None:
         """In place: the sum over processes (every process gets the same bytes)."""
         import torch.distributed as dist
-        dist.all_reduce(tensor)
+        wire = self._stage(tensor)
+        dist.all_reduce(wire)
+        if wire is not tensor:
+            tensor.copy_(wire)
 
     def max_(self, value: float) -> float:
         import torch.distributed as dist
-        t = torch.tensor([value], dtype=torch.float64)
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t.item())
 
     def broadcast_(self, tensor: torch.Tensor, src_partition: int) -> None:
         """In place: the tensor of the process hosting ``src_partition``, on every process."""
         import torch.distributed as dist
-        dist.broadcast(tensor, self.owner[src_partition])
+        wire = self._stage(tensor)
+        dist.broadcast(wire, self.owner[src_partition])
+        if wire is not tensor:
+            tensor.copy_(wire)
+
+    def _stage(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` itself on the group's device, else a copy in this process's staging buffer."""
+        if tensor.device == self.device:
+            return tensor
+        key = (tuple(tensor.shape), tensor.dtype)
+        buf = self._staging.get(key)
+        if buf is None:
+            buf = self._staging[key] = torch.empty(tensor.shape, dtype=tensor.dtype, device=self.device)
+        return buf.copy_(tensor)
 
     def all_gather_blocks(self, local: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Every partition's tensor in partition order, given this process's block's (equal shapes)."""
+        """Every partition's tensor in partition order, given this process's block's (equal shapes),
+        on the group's device."""
         import torch.distributed as dist
         width = max(len(b) for b in self.blocks)
         like = local[0]
-        stacked = torch.zeros((width, *like.shape), dtype=like.dtype, device=like.device)
+        stacked = torch.zeros((width, *like.shape), dtype=like.dtype, device=self.device)
         for i, t in enumerate(local):
             stacked[i].copy_(t)
         out = [torch.empty_like(stacked) for _ in range(self.processes)]
