@@ -233,6 +233,8 @@ def _train(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: torch
 def run(cfg: RunConfig, env: Env, pre: Preflight | None = None) -> dict | None:
     """Train this process's partitions; returns the summary on rank 0 (None elsewhere)."""
     pre = pre or preflight(cfg, env)
+    if cfg.deterministic:
+        _deterministic()
     if engine(cfg, len(pre.partitions), env.world_size) == "pool":
         from geodml.pool import run_pool
         return run_pool(cfg, env, pre)
@@ -273,6 +275,7 @@ def _run_hosted(cfg: RunConfig, env: Env, pre: Preflight) -> dict | None:
         group = build_hosted_group(dataclasses.replace(cfg.comm, timeout_s=cfg.comm.timeout_s * len(block)),
                                    partitions=P, process=env.rank, processes=R, topology=pre.topology,
                                    device=collective_device(pre.backend))
+        stack.callback(group.close)  # also when a step below fails (closing twice is a no-op)
         eval_cache = EvalCache()  # partitions holding the same model are evaluated once
         assert pre.dataset is not None
         tensors = DeviceData.of(pre.dataset, device)  # one copy on the device for every hosted partition
@@ -280,7 +283,6 @@ def _run_hosted(cfg: RunConfig, env: Env, pre: Preflight) -> dict | None:
             exporter = start_process_exporter(cfg, env, out, stack, partitions=P, device=device, wire_rejected=(
                 group.cross.wire_rejected if group.cross is not None else None))
         except MetricsError as exc:
-            group.close()
             raise InputError(str(exc)) from None
 
         def partition(p: int) -> None:
@@ -310,6 +312,16 @@ def _run_hosted(cfg: RunConfig, env: Env, pre: Preflight) -> dict | None:
                 raise InputError(str(first)) from None
             raise first
     return summaries.get(0)
+
+
+def _deterministic() -> None:
+    """``--deterministic``: kernels that give the same bits on every call. cuBLAS needs a fixed
+    workspace for that, set before its first handle (so before any CUDA work; a value the user
+    exported wins); cuDNN's autotuner stays off."""
+    import os
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
 
 
 def _limit_malloc_arenas(arenas: int = 2) -> None:

@@ -71,31 +71,38 @@ def test_shared_gpu_gaia_skewscout_and_resume(tmp_path):
 LEDGER = ("wan_bytes_total", "lan_bytes_total", "wan_bytes_by_kind", "bytes_by_link", "messages_total")
 
 
-@pytest.mark.parametrize("algo, extra", [("bsp", ()), ("dgc", ("--e-warm", "1")),
-                                         ("fedavg", ("--iter-local", "5", "--server-momentum", "0.9"))])
-def test_five_partitions_on_one_gpu_match_five_cpu_processes(tmp_path, algo, extra):
+@pytest.mark.parametrize("algo, extra, tol", [
+    ("bsp", (), (1e-3, 1e-4)),
+    # exact top-k (a sample ratio of 1/4 skips the sampled threshold, whose CUDA and CPU generators
+    # draw different samples and so send different counts); an entry tied at the k-th magnitude
+    # can swap between the devices, hence the looser weight tolerance
+    ("dgc", ("--e-warm", "1", "--dgc-sample-ratio", "0.25"), (1e-2, 1e-3)),
+    ("fedavg", ("--iter-local", "5", "--server-momentum", "0.9"), (1e-3, 1e-4))])
+def test_five_partitions_on_one_gpu_match_five_cpu_processes(tmp_path, algo, extra, tol):
     """The paper's five data centers on one GPU (P = 5, R = 1, NCCL) against five CPU processes:
-    the same ledger to the byte (BSP and FedAvg send dense tensors, DGC a fixed number of entries
-    per layer), and final weights within float tolerance of the CPU's (GPU and CPU kernels round
-    differently; the tolerance is the one the shared-GPU BSP test uses)."""
+    the same ledger to the byte (BSP and FedAvg send dense tensors, DGC exactly k entries per
+    layer), and final weights within float tolerance of the CPU's (GPU and CPU kernels round
+    differently; BSP's and FedAvg's tolerance is the shared-GPU BSP test's)."""
     gpu_out, gpu_cfg, gpu = _run(tmp_path, "gpu", 1, "--partitions", "5", "--device", "cuda", "--algo", algo, *extra)
     cpu_out, _, cpu = _run(tmp_path, "cpu", 5, "--device", "cpu", "--algo", algo, *extra)
     assert gpu_cfg["backend"] == "nccl" and gpu_cfg["device"] == "cuda:0"
     assert {k: gpu.get(k) for k in LEDGER} == {k: cpu.get(k) for k in LEDGER} and gpu["wan_bytes_total"] > 0
     ref = _sd(cpu_out / "model.pt")
     for k, v in _sd(gpu_out / "model.pt").items():
-        torch.testing.assert_close(v, ref[k], rtol=1e-3, atol=1e-4)
+        torch.testing.assert_close(v, ref[k], rtol=tol[0], atol=tol[1])
 
 
 def test_hosted_gaia_on_a_shared_gpu_equals_one_process(tmp_path):
-    """Six Gaia partitions on one GPU: one process (NCCL) against two processes sharing it (gloo,
-    collectives staged through the host): the same device arithmetic, so the same significant
-    entries, ledger and weights (to float tolerance: the two runs' cuDNN picks may differ)."""
-    one_out, _, one = _run(tmp_path, "one", 1, "--partitions", "6", "--device", "cuda", "--algo", "gaia", "--t0", "0.1")
-    two_out, two_cfg, two = _run(tmp_path, "two", 2, "--partitions", "6", "--device", "cuda", "--algo", "gaia",
-                                 "--t0", "0.1")
+    """Six Gaia partitions on one GPU with --deterministic: one process (NCCL) against two
+    processes sharing it (gloo, collectives staged through the host). The same device's
+    deterministic kernels and float64 partial sums that round once: the same significant entries,
+    so the same ledger to the byte and the same weights (to the last bits a staged copy cannot
+    change; on the CPU the pair is bit-identical: tests/test_partitions.py)."""
+    flags = ("--partitions", "6", "--device", "cuda", "--deterministic", "--algo", "gaia", "--t0", "0.1")
+    one_out, _, one = _run(tmp_path, "one", 1, *flags)
+    two_out, two_cfg, two = _run(tmp_path, "two", 2, *flags)
     assert two_cfg["backend"] == ("nccl" if torch.cuda.device_count() >= 2 else "gloo")
     assert {k: one[k] for k in LEDGER} == {k: two[k] for k in LEDGER} and one["wan_bytes_total"] > 0
     ref = _sd(one_out / "model.pt")
     for k, v in _sd(two_out / "model.pt").items():
-        torch.testing.assert_close(v, ref[k], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(v, ref[k], rtol=1e-6, atol=1e-7)

@@ -104,6 +104,29 @@ def test_six_partitions_on_one_two_three_and_six_processes_are_bit_identical(nam
                 assert torch.equal(got[key], want[f][key]), (procs, f, key)
 
 
+@pytest.mark.parametrize("name", ["gaia-skewscout", "dgc", "fedavgm-fedir-fedvc-sampled"])
+def test_deterministic_kernels_change_nothing_on_the_cpu(name, tmp_path, monkeypatch):
+    """--deterministic allows only deterministic kernels (for GPU runs that repeat to the bit).
+    The CPU's kernels are deterministic already, so every op these runs use is allowed (none
+    raises) and the results are the same bits as without the flag."""
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # the flag sets it; restored after the test
+    argv = [*BASE, *ALGOS[name], "--steps", "20"]
+    try:
+        assert main([*argv, "--out", str(tmp_path / "free")]) == 0
+        assert not torch.are_deterministic_algorithms_enabled()
+        assert main([*argv, "--deterministic", "--out", str(tmp_path / "det")]) == 0
+        assert torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    a, b = _load(tmp_path / "free"), _load(tmp_path / "det")
+    assert {k: a.get(k) for k in SAME} == {k: b.get(k) for k in SAME}
+    for f in ("model.pt", "rank3/model.pt"):
+        want, got = torch.load(tmp_path / "free" / f), torch.load(tmp_path / "det" / f)
+        assert all(torch.equal(got[k], want[k]) for k in want), f
+
+
 def test_eval_cache_evaluates_each_distinct_model_once(monkeypatch):
     """Partitions holding byte-identical models share one evaluation; a different model (or a
     changed buffer) is evaluated again; the numbers are evaluate()'s."""
