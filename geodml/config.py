@@ -503,7 +503,8 @@ class RunConfig:
     threads: int = opt(1, help="torch intra-op threads per rank (two per rank collapse under contention)")
     deterministic: bool = opt(False, help="deterministic kernels only (torch.use_deterministic_algorithms; "
                               "CUBLAS_WORKSPACE_CONFIG on a GPU): a GPU run repeats to the bit, somewhat slower; "
-                              "the CPU's kernels already do")
+                              "the CPU's kernels already do. An op with no deterministic GPU kernel warns instead "
+                              "(LocalResponseNorm's backward: lenet, cifar-cnn)")
     log_every: int = opt(10, help="write a metrics.jsonl line (averaged over partitions) every this many steps")
     progress: bool = opt(True, flag="--no-progress", help="no live progress line (rank 0 prints one by default)")
     metrics_port: int = opt(0, group="metrics", metavar="BASE", help="Prometheus exporter on every rank at port "
