@@ -93,6 +93,10 @@ def learning_rate(cfg: OptimConfig, step: int, spe: int, total_steps: int) -> fl
 # Evaluations at once in this process: partitions hosted as threads would otherwise hold one
 # 1000-example batch of activations each (hundreds of MB apiece for the CNN on 28x28 images).
 _EVAL_SLOTS = threading.BoundedSemaphore(max(1, os.cpu_count() or 1))
+# Training forwards and backwards at once in this process, for the same reason (a minibatch's
+# activations and autograd graph per partition in flight) and so that hosted partitions do not
+# contend for the cores they share; it holds nothing across a Comm call, so it cannot deadlock.
+_STEP_SLOTS = threading.BoundedSemaphore(max(1, os.cpu_count() or 1))
 
 
 @torch.no_grad()
@@ -308,8 +312,9 @@ class Trainer:
             self.flat.zero_grad()
             self.algo.step(step, lr)
             return lr
-        loss, correct, compute_s = local_gradient(self, work.batch_indices(step, self.sampler),
-                                                  lambda labels: work.sample_weights(labels, step))
+        with _STEP_SLOTS:
+            loss, correct, compute_s = local_gradient(self, work.batch_indices(step, self.sampler),
+                                                      lambda labels: work.sample_weights(labels, step))
         self.comm.advance_compute(compute_s)
         self.algo.step(step, lr)
         s = self.state
