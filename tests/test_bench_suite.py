@@ -42,6 +42,20 @@ def test_main_bad_input_exits_2(capsys):
     assert err.count("unknown benchmark") == 1
 
 
+def test_federation_refuses_what_it_cannot_measure(capsys, monkeypatch):
+    """Checked before any run starts: too few steps for a timed round; --vmap on a GPU (the pool
+    engine trains on the CPU); --device cuda without CUDA (stubbed here, so this holds on a GPU host)."""
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for argv, why in ((["--steps", "40"], "--steps must be >= 60"),
+                      (["--device", "cuda"], "--device cuda needs CUDA")):
+        assert bench_main(["federation", *argv]) == 2
+        assert why in capsys.readouterr().err, argv
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert bench_main(["federation", "--device", "cuda", "--vmap"]) == 2
+    assert "leave out --vmap with --device cuda" in capsys.readouterr().err
+
+
 def test_format_table_by_hand():
     out = format_table(["name", "ms", "n"], [["a", 1.23456, 1000], ["bb", 1234.5, 7]], title="T")
     assert out.splitlines() == [

@@ -188,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
                          "last, whose log line carries the final evaluation)")
     dataset = _dataset()
     configs = [Config("fedavg", P, R, ("--reset-momentum",) if P >= 10000 else ()) for P in ps for R in rs if R <= P]
+    if a.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda needs CUDA, but torch.cuda.is_available() is False")
     if a.vmap:
         if a.device == "cuda":
             raise ValueError("--vmap runs on the pool engine, which trains on the CPU: leave out --vmap with --device cuda")
