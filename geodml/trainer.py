@@ -92,11 +92,12 @@ def learning_rate(cfg: OptimConfig, step: int, spe: int, total_steps: int) -> fl
 
 # Evaluations at once in this process: partitions hosted as threads would otherwise hold one
 # 1000-example batch of activations each (hundreds of MB apiece for the CNN on 28x28 images).
-_EVAL_SLOTS = threading.BoundedSemaphore(max(1, os.cpu_count() or 1))
+_CORES = max(1, os.cpu_count() or 1)
+_EVAL_SLOTS = threading.BoundedSemaphore(_CORES)
 # Training forwards and backwards at once in this process, for the same reason (a minibatch's
 # activations and autograd graph per partition in flight) and so that hosted partitions do not
 # contend for the cores they share; it holds nothing across a Comm call, so it cannot deadlock.
-_STEP_SLOTS = threading.BoundedSemaphore(max(1, os.cpu_count() or 1))
+_STEP_SLOTS = threading.BoundedSemaphore(_CORES)
 
 
 @torch.no_grad()

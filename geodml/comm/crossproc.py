@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from geodml.comm.api import CommError
+from geodml.comm.dist import Staging
 from geodml.comm.pacing import Target
 from geodml.comm.wire import Incoming, Outgoing
 
@@ -78,9 +79,9 @@ class CrossProcess:
         self.process, self.processes, self.partitions = process, processes, partitions
         self.device = device or torch.device("cpu")
         """Where the process group's collectives take tensors: the CPU (gloo), or this process's
-        GPU (NCCL). A tensor elsewhere (partitions on a GPU shared over gloo) is staged through a
-        buffer kept per (shape, dtype)."""
-        self._staging: dict[tuple, torch.Tensor] = {}
+        GPU (NCCL). A tensor elsewhere (partitions on a GPU shared over gloo) is staged
+        (geodml.comm.dist.Staging)."""
+        self._staging = Staging(self.device)
         self.blocks = blocks(partitions, processes)
         self.owner = process_of(partitions, processes)
         self.hosted = self.blocks[process]
@@ -96,10 +97,7 @@ class CrossProcess:
     def all_reduce_(self, tensor: torch.Tensor) -> None:
         """In place: the sum over processes (every process gets the same bytes)."""
         import torch.distributed as dist
-        wire = self._stage(tensor)
-        dist.all_reduce(wire)
-        if wire is not tensor:
-            tensor.copy_(wire)
+        self._staging.run(tensor, dist.all_reduce)
 
     def max_(self, value: float) -> float:
         import torch.distributed as dist
@@ -110,20 +108,7 @@ class CrossProcess:
     def broadcast_(self, tensor: torch.Tensor, src_partition: int) -> None:
         """In place: the tensor of the process hosting ``src_partition``, on every process."""
         import torch.distributed as dist
-        wire = self._stage(tensor)
-        dist.broadcast(wire, self.owner[src_partition])
-        if wire is not tensor:
-            tensor.copy_(wire)
-
-    def _stage(self, tensor: torch.Tensor) -> torch.Tensor:
-        """``tensor`` itself on the group's device, else a copy in this process's staging buffer."""
-        if tensor.device == self.device:
-            return tensor
-        key = (tuple(tensor.shape), tensor.dtype)
-        buf = self._staging.get(key)
-        if buf is None:
-            buf = self._staging[key] = torch.empty(tensor.shape, dtype=tensor.dtype, device=self.device)
-        return buf.copy_(tensor)
+        self._staging.run(tensor, lambda t: dist.broadcast(t, self.owner[src_partition]))
 
     def all_gather_blocks(self, local: list[torch.Tensor]) -> list[torch.Tensor]:
         """Every partition's tensor in partition order, given this process's block's (equal shapes),

@@ -30,6 +30,35 @@ from geodml.comm.wire import Incoming, Outgoing
 _T = TypeVar("_T")
 
 
+class Staging:
+    """In-place collectives over the default process group for tensors on any device (module
+    docstring, Devices): a tensor on ``device`` goes as it is, one elsewhere through a buffer on
+    ``device`` kept per (shape, dtype). Shared by DistComm and geodml.comm.crossproc; used by one
+    thread at a time."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._buffers: dict[tuple, torch.Tensor] = {}
+
+    def run(self, tensor: torch.Tensor, op: Callable[[torch.Tensor], object]) -> None:
+        """``op`` (an in-place collective) on ``tensor``, staged when it is not on ``device``."""
+        if tensor.device == self.device:
+            op(tensor)
+            return
+        buf = self.buffer(tensor, tensor.dtype)
+        buf.copy_(tensor)
+        op(buf)
+        tensor.copy_(buf)
+
+    def buffer(self, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The staging buffer of ``like``'s shape in ``dtype`` on ``device`` (contents undefined)."""
+        key = (tuple(like.shape), dtype)
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = self._buffers[key] = torch.empty(like.shape, dtype=dtype, device=self.device)
+        return buf
+
+
 class DistComm(ChargedComm):
     """A :class:`geodml.comm.api.RunComm` over torch.distributed and ZeroMQ.
 
@@ -53,7 +82,7 @@ class DistComm(ChargedComm):
         self._transport = transport
         self.device = torch.device(device if device is not None else "cpu")
         """Where the process group's collectives take tensors (others are staged through it)."""
-        self._stage: dict[tuple, torch.Tensor] = {}
+        self._staging = Staging(self.device)
 
     # ---- the parts of the contract that depend on the transport --------------------------------
     def flush(self, timeout_s: float | None = None) -> None:
@@ -87,15 +116,15 @@ class DistComm(ChargedComm):
         if tensor.is_floating_point() and tensor.dtype != torch.float64:
             # Accumulate in float64 and round once, as the in-process group does (geodml.comm.crossproc,
             # Exactness): the sum then does not depend on gloo's/NCCL's reduction order.
-            buf = self._stage_buffer(tensor, torch.float64)
+            buf = self._staging.buffer(tensor, torch.float64)
             buf.copy_(tensor)
             dist.all_reduce(buf)
             tensor.copy_(buf)
             return
-        self._staged(tensor, dist.all_reduce)
+        self._staging.run(tensor, dist.all_reduce)
 
     def _bcast(self, tensor: torch.Tensor, src: int) -> None:
-        self._staged(tensor, lambda t: dist.broadcast(t, src))
+        self._staging.run(tensor, lambda t: dist.broadcast(t, src))
 
     def _gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         k = self.world_size
@@ -128,24 +157,6 @@ class DistComm(ChargedComm):
         return self._need_transport().recv_many(srcs, kind, step, timeout_s)
 
     # ---- internals ---------------------------------------------------------------------------
-    def _staged(self, tensor: torch.Tensor, op: Callable[[torch.Tensor], object]) -> None:
-        """Run the in-place collective ``op`` on ``tensor``, through a buffer on ``self.device``
-        when the tensor lives elsewhere (module docstring, Devices)."""
-        if tensor.device == self.device:
-            op(tensor)
-            return
-        buf = self._stage_buffer(tensor, tensor.dtype)
-        buf.copy_(tensor)
-        op(buf)
-        tensor.copy_(buf)
-
-    def _stage_buffer(self, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        key = (tuple(tensor.shape), dtype)
-        buf = self._stage.get(key)
-        if buf is None:
-            buf = self._stage[key] = torch.empty(tensor.shape, dtype=dtype, device=self.device)
-        return buf
-
     def _need_transport(self) -> PeerTransport:
         self._check_closed()
         if self._transport is None:
