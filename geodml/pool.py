@@ -73,8 +73,8 @@ if TYPE_CHECKING:
 def pool_refusal(cfg: RunConfig) -> str | None:
     """Why the pool engine cannot run ``cfg`` (None: it can)."""
     a = cfg.algo
-    if a.algo != "fedavg":
-        return f"--algo {a.algo} (the pool engine runs the FedAvg family; other algorithms use threads)"
+    if a.algo not in ("fedavg", "gaia"):
+        return f"--algo {a.algo} (the pool engine runs the FedAvg family and Gaia; other algorithms use threads)"
     if a.fedir or a.iwds is not None or a.virtual_client_size:
         return "FedIR, IWDS and FedVC keep per-partition tables in their algorithm objects"
     if a.fednova or a.local_epochs:
@@ -407,7 +407,7 @@ class Pool:
             "wan_bytes_total": int(local[4]),
         }
         if self.hosted.start == 0:
-            rec.update(self.algo.stats())
+            rec.update(self._stats())
         if with_eval:
             rec["val_accuracy"], rec["val_loss"] = self._evaluate_global()
         for k in self.hosted:
@@ -417,6 +417,10 @@ class Pool:
         assert self.sink is not None
         self.sink.log(rec)
         return rec
+
+    def _stats(self) -> dict[str, float]:
+        """The algorithm's statistics as partition 0's Trainer logs them (called where partition 0 is hosted)."""
+        return self.algo.stats()
 
     def _current(self, k: int) -> torch.Tensor:
         """Partition k's weights and buffers now (a slot when it takes part, else its snapshot)."""
@@ -475,12 +479,12 @@ class Pool:
     def _finish(self, step: int, lr: float) -> dict:
         from geodml.trainer import evaluate
         final = self._log(step, lr, with_eval=True)
-        own_val: dict[int, float] = {}
+        own_val: dict[object, float] = {}
         per: list[tuple[float, float]] = []
-        files: dict[int, Path] = {}
+        files: dict[object, Path] = {}
         for k in self.hosted:
-            r = self.held[k]
-            self.w.load(self.snapshots[r][:self.n], self.snapshots[r][self.n:])
+            r, state = self._final_state(k)
+            self.w.load(state[:self.n], state[self.n:])
             if r not in own_val:
                 own_val[r] = evaluate(self.w.model, self.test_x, self.test_y)[0] / len(self.test_y)
             local = torch.from_numpy(self.local_indices[k])
@@ -498,6 +502,12 @@ class Pool:
         per_rank = self.group.gather_hosted_objects(per)
         return {"final": final, "per_rank_val_accuracy": [v for v, _ in per_rank],
                 "per_rank_train_accuracy": [t for _, t in per_rank]}
+
+    def _final_state(self, k: int) -> tuple[object, torch.Tensor]:
+        """Partition k's model at the end (weights then buffers) and a key shared by the partitions
+        that hold the same one (evaluated and saved once): FedAvg's round of its snapshot."""
+        r = self.held[k]
+        return r, self.snapshots[r]
 
     def close(self) -> None:
         if self.sink is not None:
@@ -539,7 +549,11 @@ def run_pool(cfg: RunConfig, env: Env, pre: Preflight) -> dict | None:
             try:
                 exporter = start_process_exporter(cfg, env, out, stack, partitions=P, device=torch.device("cpu"), wire_rejected=(
                     group.cross.wire_rejected if group.cross is not None else None))
-                pool = Pool(cfg, env, pre, out=out, group=group, startup=startup, exporter=exporter)
+                cls = Pool
+                if cfg.algo.algo == "gaia":
+                    from geodml.pool_gaia import GaiaPool
+                    cls = GaiaPool
+                pool = cls(cfg, env, pre, out=out, group=group, startup=startup, exporter=exporter)
             except (ValueError, MetricsError) as exc:
                 raise InputError(str(exc)) from None
             startup.lap("model_s")

@@ -1,4 +1,5 @@
-"""The pool engine (geodml.pool): a process's FedAvg partitions as state on one worker model.
+"""The pool engine (geodml.pool, geodml.pool_gaia): a process's FedAvg or Gaia partitions as state
+on one worker model.
 
 It must report exactly what the threads engine reports for the same run: every partition's and
 the global model, the whole ledger, the accuracies and losses, and every metrics.jsonl line
@@ -31,6 +32,16 @@ CONFIGS = {
     "lenet-prototxt-mults": ["--model", "lenet", "--param-mults", "prototxt", "--weight-decay", "0.004",
                              "--client-fraction", "0.5"],
 }
+GAIA_BASE = [*BASE[:BASE.index("--algo")], "--algo", "gaia"]
+GAIA_CONFIGS = {
+    # mostly sparse updates; evaluations average the partitions' weights
+    "sparse": ["--t0", "0.05", "--eval-every", "7", "--log-every", "3", "--weight-decay", "0.001"],
+    # T0 = 0: nearly every entry significant, so dense messages
+    "dense": ["--t0", "0", "--eval-every", "10", "--log-every", "5"],
+    # the threshold follows a decaying lr (update_threshold); the released LeNet's multipliers
+    "lenet-poly-mults": ["--t0", "0.1", "--lr-schedule", "poly", "--model", "lenet", "--param-mults", "prototxt",
+                         "--weight-decay", "0.004"],
+}
 NOT_COMPARED = {"wall_s", "emulated_s",  # measured
                 # FedAvgM's norm: the pool logs the server's v; the threads engine rank 0's copy, stale
                 # when rank 0 sat the round out
@@ -61,7 +72,9 @@ def test_what_the_pool_engine_runs_and_refuses():
     assert pool_refusal(RunConfig()) is not None                       # bsp
     assert pool_refusal(_cfg("--algo", "fedavg", "--server-momentum", "0.9", "--prox-mu", "0.1",
                              "--reset-momentum", "--client-fraction", "0.1")) is None
-    for argv, why in ((["--algo", "gaia"], "--algo gaia"), (["--algo", "fedavg", "--fedir"], "FedIR"),
+    assert pool_refusal(_cfg("--algo", "gaia", "--t0", "0.05")) is None
+    for argv, why in ((["--algo", "dgc"], "--algo dgc"), (["--algo", "bsp"], "--algo bsp"),
+                      (["--algo", "gaia", "--skewscout"], "--skewscout"), (["--algo", "fedavg", "--fedir"], "FedIR"),
                       (["--algo", "fedavg", "--skewscout"], "--skewscout"),
                       (["--algo", "fedavg", "--checkpoint-every", "5"], "checkpoints"),
                       (["--algo", "fedavg", "--wan", "real"], "--wan real"),
@@ -71,10 +84,10 @@ def test_what_the_pool_engine_runs_and_refuses():
 
 def test_engine_pool_with_what_it_does_not_run_is_an_input_error(tmp_path, capsys):
     out = tmp_path / "never"
-    assert main(["--algo", "gaia", "--engine", "pool", "--partitions", "3", "--out", str(out)]) == 2
+    assert main(["--algo", "dgc", "--engine", "pool", "--partitions", "3", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[0] == ("geodml: error: --engine pool does not run --algo gaia (the pool engine runs the FedAvg "
-                      "family; other algorithms use threads); use --engine threads (or auto)")
+    assert err[0] == ("geodml: error: --engine pool does not run --algo dgc (the pool engine runs the FedAvg "
+                      "family and Gaia; other algorithms use threads); use --engine threads (or auto)")
     assert not out.exists()
 
 
@@ -89,11 +102,43 @@ def test_pool_equals_threads_bit_for_bit(name, tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("name", list(GAIA_CONFIGS))
+def test_gaia_pool_equals_threads_bit_for_bit(name, tmp_path):
+    argv = [*GAIA_BASE, *GAIA_CONFIGS[name]]
+    assert main([*argv, "--engine", "threads", "--out", str(tmp_path / "threads")]) == 0
+    assert main([*argv, "--engine", "pool", "--out", str(tmp_path / "pool")]) == 0
+    assert json.loads((tmp_path / "pool" / "config.json").read_text())["engine"] == "pool"
+    _same_run(tmp_path / "threads", tmp_path / "pool")
+    s = json.loads((tmp_path / "pool" / "summary.json").read_text())
+    assert s["final_model"] == "average_of_weights" and s["wan_bytes_by_kind"]["update"] > 0
+    models = [torch.load(tmp_path / "pool" / f"rank{k}/model.pt") for k in range(6)]
+    assert not all(torch.equal(models[0][n], models[1][n]) for n in models[0])  # the partitions' models differ
+    if name == "dense":  # 30 steps on each of the 30 links, every message a dense float32 vector and an envelope
+        n = sum(v.numel() for v in models[0].values())
+        per_message = {b / 30 - 4 * n for b in s["bytes_by_link"].values()}
+        assert len(s["bytes_by_link"]) == 30 and len(per_message) == 1 and 0 < per_message.pop() < 100
+
+
+@pytest.mark.integration
 def test_pool_on_two_processes_equals_one(tmp_path, monkeypatch):
     from tests.support.procs import run_torchrun
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(var, raising=False)
     argv = [*BASE, *CONFIGS["sampled-fedavgm-fedprox"], "--engine", "auto"]
+    assert main([*argv, "--out", str(tmp_path / "r1")]) == 0
+    r = run_torchrun(2, [*argv, "--out", str(tmp_path / "r2")], timeout_s=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "pool engine" in r.stdout
+    _same_run(tmp_path / "r1", tmp_path / "r2")
+
+
+@pytest.mark.integration
+def test_gaia_pool_on_two_processes_equals_one(tmp_path, monkeypatch):
+    """Every partition sends to every other each step: across the two processes through ZeroMQ."""
+    from tests.support.procs import run_torchrun
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    argv = [*GAIA_BASE, *GAIA_CONFIGS["sparse"], "--engine", "auto"]
     assert main([*argv, "--out", str(tmp_path / "r1")]) == 0
     r = run_torchrun(2, [*argv, "--out", str(tmp_path / "r2")], timeout_s=240)
     assert r.returncode == 0, r.stderr[-3000:]

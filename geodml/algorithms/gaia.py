@@ -178,14 +178,21 @@ class Gaia(Algorithm):
         return n, dense
 
     def after_step(self, step: int, lr: float) -> None:
+        self.send_significant(step, lr)
+        if self.ctx.world_size > 1:
+            self.apply_received(self.flat.data, self.comm.recv_from_all("update", step=step))
+        self._restore_buffers()
+
+    def send_significant(self, step: int, lr: float) -> None:
+        """Lines 9-11 and the send of line 10: the threshold of this step, the selection, and the
+        significant updates to every other partition (nothing to send with one partition). The
+        send buffers hold the message until ``_restore_buffers``."""
         self.threshold = self.t0 * lr / self.lr0   # update_threshold: follows the lr schedule
         n, dense = self.select(self.threshold)
         self.sent_entries, self.sent_dense = n, dense
         self.sent_entries_total += n
         self.steps_done += 1
-        k = self.ctx.world_size
-        if k == 1:
-            self._restore_buffers()
+        if self.ctx.world_size == 1:
             return
         if dense:
             payload = [self.vals]
@@ -194,9 +201,11 @@ class Gaia(Algorithm):
         else:
             payload = []  # nothing significant: an empty message (envelope only) keeps peers in step
         self.comm.send_to_all("update", payload, step=step)
-        received = self.comm.recv_from_all("update", step=step)
-        w = self.flat.data
-        for src in sorted(received):              # rank order: the same sum order on every run
+
+    def apply_received(self, w: torch.Tensor, received: dict[int, list[np.ndarray]]) -> None:
+        """Lines 13-15: add every other partition's significant updates to ``w``, in rank order
+        (the same sum order on every run), dense or sparse as each was sent."""
+        for src in sorted(received):
             arrays = received[src]
             if len(arrays) == 1:                  # dense
                 copy_array_into(self.recv_vals.resize_(w.numel()), arrays[0])
@@ -207,7 +216,6 @@ class Gaia(Algorithm):
                 self.recv_idx.resize_(m).copy_(self.recv_idx32)
                 copy_array_into(self.recv_vals.resize_(m), arrays[1])
                 w.index_add_(0, self.recv_idx, self.recv_vals)
-        self._restore_buffers()
 
     def _restore_buffers(self) -> None:
         # resize_ back to full length keeps the same storage (no allocation)

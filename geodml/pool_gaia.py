@@ -1,0 +1,131 @@
+"""Gaia on the pool engine: a process's Gaia partitions as rows of state on one worker model.
+
+Each hosted partition k keeps exactly its own state of Algorithm 1 (geodml.algorithms.gaia): its
+weights w^k, its momentum u^k and its accumulated, not yet significant updates v^k, as rows of
+three ``[h, n]`` matrices (h partitions in this process, n parameters). What a step needs besides
+-- the model and its gradient, the minibatch, Gaia's selection and receive buffers -- is the
+process's one worker: a :class:`~geodml.algorithms.gaia.Gaia` built on the worker's FlatParams,
+shared by the partitions. Per partition that is 3n floats where the threads engine holds a model,
+its gradient, about eight n-sized Gaia buffers and a thread.
+
+A step:
+
+1. for the hosted partitions in rank order: load w^k, u^k and v^k into the worker; forward,
+   backward and weight decay on partition k's own minibatch (geodml.trainer.local_gradient, its
+   own sampler); the local momentum-SGD update and line 7; the selection (lines 9-11) and the
+   send of the significant updates to every other partition through k's own Comm
+   (``Gaia.send_significant``; ``send`` copies the payload, so the worker's buffers are free
+   when it returns); store the rows back;
+2. for the hosted partitions in rank order: receive every other partition's update and add them
+   in rank order to w^k (``Gaia.apply_received``, lines 13-15).
+
+Every partition's Comm sees the calls the threads engine's thread makes, in the same order
+(``advance_compute``, ``send_to_all``, ``recv_from_all``), so the ledger, the messages and the
+emulated link seconds are the same; the arithmetic is the same operations on the same values in
+the same order, so the weights, accuracies and metrics.jsonl are bit-identical to the threads
+engine's (tests/test_pool.py). All sends of a step come before any receive, so one thread
+cannot wait for itself; across processes every process does the same, and sends do not block.
+
+Scope: what :func:`geodml.pool.pool_refusal` admits (no SkewScout, no checkpoints, no ``--wan
+real``, no BatchNorm, the CPU).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from geodml.pool import Pool
+
+if TYPE_CHECKING:
+    from geodml.algorithms.gaia import Gaia
+
+
+def _no_weights(labels: torch.Tensor) -> None:
+    """Gaia's loss is the plain minibatch mean (geodml.algorithms.base.PlainWork)."""
+    return None
+
+
+class GaiaPool(Pool):
+    """One process's block of Gaia partitions (module docstring). Build, then :meth:`run`."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        assert self.w.nbuf == 0, "pool_refusal keeps models with float buffers (BatchNorm) off the pool"
+        self.gaia: Gaia = self.algo  # type: ignore[assignment]
+        self.snapshots.clear()       # FedAvg's round snapshots: Gaia's partitions hold their own rows
+        self.refs.clear()
+        h, n = len(self.hosted), self.n
+        flat = self.gaia.flat
+        self.W = flat.data.detach().clone().expand(h, n).contiguous()   # every partition starts at w_0
+        self.U = torch.zeros((h, n), dtype=flat.data.dtype)
+        self.V = torch.zeros((h, n), dtype=flat.data.dtype)
+        self.sent_total = np.zeros(h, dtype=np.int64)                    # per-partition Gaia statistics
+        self.stats0: dict[str, float] = self.gaia.stats()
+
+    def _stats(self) -> dict[str, float]:
+        return self.stats0
+
+    def _current(self, k: int) -> torch.Tensor:
+        return self.W[k - self.hosted.start]
+
+    def _final_state(self, k: int) -> tuple[object, torch.Tensor]:
+        return ("partition", k), self.W[k - self.hosted.start]
+
+    def _load_global(self) -> None:
+        """The partitions' average (Trainer._swap_in_global with models that differ)."""
+        avg = self.group.sum_hosted([self._current(k) for k in self.hosted]).clone()
+        avg.div_(self.P)
+        self.w.load(avg, avg[:0])
+
+    def _train_step(self, step: int, lr: float) -> None:
+        from geodml.trainer import local_gradient
+        gaia, w = self.gaia, self.w
+        data, v = w.flat.data, gaia.v
+        for i, k in enumerate(self.hosted):
+            comm = self.comm(k)
+            data.copy_(self.W[i])
+            v.copy_(self.V[i])
+            gaia.u = self.U[i]                          # local_update reads and writes u in place
+            gaia.comm = comm
+            gaia.sent_entries_total = int(self.sent_total[i])
+            loss, correct, compute_s = local_gradient(w, self.samplers[k].next(), _no_weights)
+            comm.advance_compute(compute_s)
+            gaia.before_step(step, lr)
+            gaia.local_update(step, lr)
+            gaia.send_significant(step, lr)
+            gaia._restore_buffers()
+            self.W[i].copy_(data)
+            self.V[i].copy_(v)
+            self.sent_total[i] = gaia.sent_entries_total
+            if k == 0:
+                self.stats0 = gaia.stats()
+            self.loss_sum[k] += loss
+            self.loss_count[k] += 1
+            self.correct[k] += correct
+            self.seen[k] += len(w.yb)
+        if self.P > 1:
+            for i, k in enumerate(self.hosted):
+                gaia.apply_received(self.W[i], self.comm(k).recv_from_all("update", step=step))
+            gaia._restore_buffers()
+
+    def run(self) -> dict:
+        """Trainer.run for every hosted partition at once (no SkewScout, no checkpoints)."""
+        from geodml.trainer import learning_rate
+        cfg = self.cfg
+        self.w.model.train()
+        lr = cfg.optim.lr
+        step = 0
+        while step < self.total_steps:
+            lr = learning_rate(cfg.optim, step, self.spe, self.total_steps)
+            self._train_step(step, lr)
+            step += 1
+            self.step = step
+            if step < self.total_steps:
+                do_eval = step % cfg.eval_every == 0
+                if do_eval or step % cfg.log_every == 0:
+                    self._log(step, lr, with_eval=do_eval)
+        self.algo.finish()
+        return self._finish(step, lr)
