@@ -73,8 +73,8 @@ if TYPE_CHECKING:
 def pool_refusal(cfg: RunConfig) -> str | None:
     """Why the pool engine cannot run ``cfg`` (None: it can)."""
     a = cfg.algo
-    if a.algo not in ("fedavg", "gaia"):
-        return f"--algo {a.algo} (the pool engine runs the FedAvg family and Gaia; other algorithms use threads)"
+    if a.algo not in ("fedavg", "gaia", "dgc"):
+        return f"--algo {a.algo} (the pool engine runs the FedAvg family, Gaia and DGC; other algorithms use threads)"
     if a.fedir or a.iwds is not None or a.virtual_client_size:
         return "FedIR, IWDS and FedVC keep per-partition tables in their algorithm objects"
     if a.fednova or a.local_epochs:
@@ -514,6 +514,48 @@ class Pool:
             self.sink.close()
 
 
+class EveryStepPool(Pool):
+    """The loop of algorithms whose partitions all compute and exchange every step (Gaia, DGC:
+    geodml.pool_gaia, geodml.pool_dgc): Trainer.run for every hosted partition at once, each
+    step's work in :meth:`_train_step` (no rounds, snapshots or slots)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        assert self.w.nbuf == 0, "pool_refusal keeps models with float buffers (BatchNorm) off the pool"
+        self.snapshots.clear()   # FedAvg's round snapshots
+        self.refs.clear()
+
+    def run(self) -> dict:
+        from geodml.trainer import learning_rate
+        cfg = self.cfg
+        self.w.model.train()
+        lr = cfg.optim.lr
+        step = 0
+        while step < self.total_steps:
+            lr = learning_rate(cfg.optim, step, self.spe, self.total_steps)
+            self._train_step(step, lr)
+            step += 1
+            self.step = step
+            if step < self.total_steps:  # the last step is logged by _finish, with the final evaluation
+                do_eval = step % cfg.eval_every == 0
+                if do_eval or step % cfg.log_every == 0:
+                    self._log(step, lr, with_eval=do_eval)
+        self.algo.finish()
+        return self._finish(step, lr)
+
+    def _count(self, k: int, loss: float, correct: int) -> None:
+        """Partition k's step into its log-interval accumulators."""
+        self.loss_sum[k] += loss
+        self.loss_count[k] += 1
+        self.correct[k] += correct
+        self.seen[k] += len(self.w.yb)
+
+
+def no_sample_weights(labels: torch.Tensor) -> None:
+    """The plain minibatch mean loss (geodml.algorithms.base.PlainWork), for local_gradient."""
+    return None
+
+
 def _replace_link(target: Path, link: Path) -> None:
     """``link`` becomes a hard link to ``target`` (a copy where hard links are not possible)."""
     link.unlink(missing_ok=True)
@@ -549,10 +591,13 @@ def run_pool(cfg: RunConfig, env: Env, pre: Preflight) -> dict | None:
             try:
                 exporter = start_process_exporter(cfg, env, out, stack, partitions=P, device=torch.device("cpu"), wire_rejected=(
                     group.cross.wire_rejected if group.cross is not None else None))
-                cls = Pool
+                cls: type[Pool] = Pool
                 if cfg.algo.algo == "gaia":
                     from geodml.pool_gaia import GaiaPool
                     cls = GaiaPool
+                elif cfg.algo.algo == "dgc":
+                    from geodml.pool_dgc import DGCPool
+                    cls = DGCPool
                 pool = cls(cfg, env, pre, out=out, group=group, startup=startup, exporter=exporter)
             except (ValueError, MetricsError) as exc:
                 raise InputError(str(exc)) from None

@@ -37,26 +37,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from geodml.pool import Pool
+from geodml.pool import EveryStepPool, no_sample_weights
 
 if TYPE_CHECKING:
     from geodml.algorithms.gaia import Gaia
 
 
-def _no_weights(labels: torch.Tensor) -> None:
-    """Gaia's loss is the plain minibatch mean (geodml.algorithms.base.PlainWork)."""
-    return None
-
-
-class GaiaPool(Pool):
+class GaiaPool(EveryStepPool):
     """One process's block of Gaia partitions (module docstring). Build, then :meth:`run`."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        assert self.w.nbuf == 0, "pool_refusal keeps models with float buffers (BatchNorm) off the pool"
         self.gaia: Gaia = self.algo  # type: ignore[assignment]
-        self.snapshots.clear()       # FedAvg's round snapshots: Gaia's partitions hold their own rows
-        self.refs.clear()
         h, n = len(self.hosted), self.n
         flat = self.gaia.flat
         self.W = flat.data.detach().clone().expand(h, n).contiguous()   # every partition starts at w_0
@@ -91,41 +83,19 @@ class GaiaPool(Pool):
             gaia.u = self.U[i]                          # local_update reads and writes u in place
             gaia.comm = comm
             gaia.sent_entries_total = int(self.sent_total[i])
-            loss, correct, compute_s = local_gradient(w, self.samplers[k].next(), _no_weights)
+            loss, correct, compute_s = local_gradient(w, self.samplers[k].next(), no_sample_weights)
             comm.advance_compute(compute_s)
             gaia.before_step(step, lr)
             gaia.local_update(step, lr)
             gaia.send_significant(step, lr)
-            gaia._restore_buffers()
+            gaia.restore_buffers()
             self.W[i].copy_(data)
             self.V[i].copy_(v)
             self.sent_total[i] = gaia.sent_entries_total
             if k == 0:
                 self.stats0 = gaia.stats()
-            self.loss_sum[k] += loss
-            self.loss_count[k] += 1
-            self.correct[k] += correct
-            self.seen[k] += len(w.yb)
+            self._count(k, loss, correct)
         if self.P > 1:
             for i, k in enumerate(self.hosted):
                 gaia.apply_received(self.W[i], self.comm(k).recv_from_all("update", step=step))
-            gaia._restore_buffers()
-
-    def run(self) -> dict:
-        """Trainer.run for every hosted partition at once (no SkewScout, no checkpoints)."""
-        from geodml.trainer import learning_rate
-        cfg = self.cfg
-        self.w.model.train()
-        lr = cfg.optim.lr
-        step = 0
-        while step < self.total_steps:
-            lr = learning_rate(cfg.optim, step, self.spe, self.total_steps)
-            self._train_step(step, lr)
-            step += 1
-            self.step = step
-            if step < self.total_steps:
-                do_eval = step % cfg.eval_every == 0
-                if do_eval or step % cfg.log_every == 0:
-                    self._log(step, lr, with_eval=do_eval)
-        self.algo.finish()
-        return self._finish(step, lr)
+            gaia.restore_buffers()

@@ -32,15 +32,23 @@ CONFIGS = {
     "lenet-prototxt-mults": ["--model", "lenet", "--param-mults", "prototxt", "--weight-decay", "0.004",
                              "--client-fraction", "0.5"],
 }
-GAIA_BASE = [*BASE[:BASE.index("--algo")], "--algo", "gaia"]
-GAIA_CONFIGS = {
-    # mostly sparse updates; evaluations average the partitions' weights
-    "sparse": ["--t0", "0.05", "--eval-every", "7", "--log-every", "3", "--weight-decay", "0.001"],
+EVERY_STEP_BASE = BASE[:BASE.index("--algo")]
+EVERY_STEP_CONFIGS = {  # geodml.pool_gaia and geodml.pool_dgc
+    # Gaia, mostly sparse updates; evaluations average the partitions' weights
+    "gaia-sparse": ["--algo", "gaia", "--t0", "0.05", "--eval-every", "7", "--log-every", "3", "--weight-decay", "0.001"],
     # T0 = 0: nearly every entry significant, so dense messages
-    "dense": ["--t0", "0", "--eval-every", "10", "--log-every", "5"],
+    "gaia-dense": ["--algo", "gaia", "--t0", "0", "--eval-every", "10", "--log-every", "5"],
     # the threshold follows a decaying lr (update_threshold); the released LeNet's multipliers
-    "lenet-poly-mults": ["--t0", "0.1", "--lr-schedule", "poly", "--model", "lenet", "--param-mults", "prototxt",
-                         "--weight-decay", "0.004"],
+    "gaia-lenet-poly-mults": ["--algo", "gaia", "--t0", "0.1", "--lr-schedule", "poly", "--model", "lenet",
+                              "--param-mults", "prototxt", "--weight-decay", "0.004"],
+    # DGC through its warm-up stages (sampled thresholds from every partition's own generator)
+    "dgc-warmup": ["--algo", "dgc", "--e-warm", "0.3", "--eval-every", "7", "--log-every", "3"],
+    # per-layer selection, clipping of the update, a dense wire (sparsity below 50%)
+    "dgc-layer-clip-dense": ["--algo", "dgc", "--e-warm", "0", "--sparsity", "0.3", "--dgc-scope", "layer",
+                             "--clip-norm", "0.5", "--dgc-clip-at", "update", "--log-every", "4"],
+    # per-layer at the final sparsity, local gradient clipping, LeNet with the released multipliers
+    "dgc-layer-lenet": ["--algo", "dgc", "--e-warm", "0", "--dgc-scope", "layer", "--clip-norm", "1",
+                        "--model", "lenet", "--param-mults", "prototxt", "--weight-decay", "0.004"],
 }
 NOT_COMPARED = {"wall_s", "emulated_s",  # measured
                 # FedAvgM's norm: the pool logs the server's v; the threads engine rank 0's copy, stale
@@ -73,7 +81,8 @@ def test_what_the_pool_engine_runs_and_refuses():
     assert pool_refusal(_cfg("--algo", "fedavg", "--server-momentum", "0.9", "--prox-mu", "0.1",
                              "--reset-momentum", "--client-fraction", "0.1")) is None
     assert pool_refusal(_cfg("--algo", "gaia", "--t0", "0.05")) is None
-    for argv, why in ((["--algo", "dgc"], "--algo dgc"), (["--algo", "bsp"], "--algo bsp"),
+    assert pool_refusal(_cfg("--algo", "dgc", "--dgc-scope", "layer")) is None
+    for argv, why in ((["--algo", "local"], "--algo local"), (["--algo", "bsp"], "--algo bsp"),
                       (["--algo", "gaia", "--skewscout"], "--skewscout"), (["--algo", "fedavg", "--fedir"], "FedIR"),
                       (["--algo", "fedavg", "--skewscout"], "--skewscout"),
                       (["--algo", "fedavg", "--checkpoint-every", "5"], "checkpoints"),
@@ -84,10 +93,10 @@ def test_what_the_pool_engine_runs_and_refuses():
 
 def test_engine_pool_with_what_it_does_not_run_is_an_input_error(tmp_path, capsys):
     out = tmp_path / "never"
-    assert main(["--algo", "dgc", "--engine", "pool", "--partitions", "3", "--out", str(out)]) == 2
+    assert main(["--algo", "bsp", "--engine", "pool", "--partitions", "3", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[0] == ("geodml: error: --engine pool does not run --algo dgc (the pool engine runs the FedAvg "
-                      "family and Gaia; other algorithms use threads); use --engine threads (or auto)")
+    assert err[0] == ("geodml: error: --engine pool does not run --algo bsp (the pool engine runs the FedAvg "
+                      "family, Gaia and DGC; other algorithms use threads); use --engine threads (or auto)")
     assert not out.exists()
 
 
@@ -102,18 +111,21 @@ def test_pool_equals_threads_bit_for_bit(name, tmp_path):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("name", list(GAIA_CONFIGS))
-def test_gaia_pool_equals_threads_bit_for_bit(name, tmp_path):
-    argv = [*GAIA_BASE, *GAIA_CONFIGS[name]]
+@pytest.mark.parametrize("name", list(EVERY_STEP_CONFIGS))
+def test_gaia_and_dgc_pools_equal_threads_bit_for_bit(name, tmp_path):
+    argv = [*EVERY_STEP_BASE, *EVERY_STEP_CONFIGS[name]]
     assert main([*argv, "--engine", "threads", "--out", str(tmp_path / "threads")]) == 0
     assert main([*argv, "--engine", "pool", "--out", str(tmp_path / "pool")]) == 0
     assert json.loads((tmp_path / "pool" / "config.json").read_text())["engine"] == "pool"
     _same_run(tmp_path / "threads", tmp_path / "pool")
     s = json.loads((tmp_path / "pool" / "summary.json").read_text())
-    assert s["final_model"] == "average_of_weights" and s["wan_bytes_by_kind"]["update"] > 0
+    gaia = name.startswith("gaia")
+    assert s["final_model"] == ("average_of_weights" if gaia else "global")
+    assert s["wan_bytes_by_kind"]["update" if gaia else "gradient"] > 0 and s["wan_messages_total"] == 30 * 6 * 5
     models = [torch.load(tmp_path / "pool" / f"rank{k}/model.pt") for k in range(6)]
-    assert not all(torch.equal(models[0][n], models[1][n]) for n in models[0])  # the partitions' models differ
-    if name == "dense":  # 30 steps on each of the 30 links, every message a dense float32 vector and an envelope
+    # Gaia's partitions keep models of their own; DGC's all hold the one model
+    assert gaia != all(torch.equal(models[0][n], models[1][n]) for n in models[0])
+    if name.endswith("dense"):  # every message on each of the 30 links a dense float32 vector and an envelope
         n = sum(v.numel() for v in models[0].values())
         per_message = {b / 30 - 4 * n for b in s["bytes_by_link"].values()}
         assert len(s["bytes_by_link"]) == 30 and len(per_message) == 1 and 0 < per_message.pop() < 100
@@ -133,12 +145,13 @@ def test_pool_on_two_processes_equals_one(tmp_path, monkeypatch):
 
 
 @pytest.mark.integration
-def test_gaia_pool_on_two_processes_equals_one(tmp_path, monkeypatch):
+@pytest.mark.parametrize("name", ["gaia-sparse", "dgc-warmup"])
+def test_gaia_and_dgc_pools_on_two_processes_equal_one(name, tmp_path, monkeypatch):
     """Every partition sends to every other each step: across the two processes through ZeroMQ."""
     from tests.support.procs import run_torchrun
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(var, raising=False)
-    argv = [*GAIA_BASE, *GAIA_CONFIGS["sparse"], "--engine", "auto"]
+    argv = [*EVERY_STEP_BASE, *EVERY_STEP_CONFIGS[name], "--engine", "auto"]
     assert main([*argv, "--out", str(tmp_path / "r1")]) == 0
     r = run_torchrun(2, [*argv, "--out", str(tmp_path / "r2")], timeout_s=240)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -147,10 +160,11 @@ def test_gaia_pool_on_two_processes_equals_one(tmp_path, monkeypatch):
 
 
 @pytest.mark.integration
-def test_pool_with_one_partition_equals_the_classic_run(tmp_path):
+@pytest.mark.parametrize("algo", [["fedavg", "--iter-local", "5"], ["gaia", "--t0", "0.05"], ["dgc", "--e-warm", "0.3"]])
+def test_pool_with_one_partition_equals_the_classic_run(algo, tmp_path):
     """P = R = 1 on the pool engine (the bench's fixed-cost run): no all-reduce is charged, as
     Comm.all_reduce charges none with one rank; the result is the one-process run's."""
-    argv = ["--dataset", "digits", "--steps", "12", "--no-progress", "--algo", "fedavg", "--iter-local", "5"]
+    argv = ["--dataset", "digits", "--steps", "12", "--no-progress", "--algo", *algo]
     assert main([*argv, "--out", str(tmp_path / "classic")]) == 0
     assert main([*argv, "--engine", "pool", "--out", str(tmp_path / "pool")]) == 0
     sa, sb = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("classic", "pool"))

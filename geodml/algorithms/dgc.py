@@ -162,8 +162,7 @@ class DGC(Algorithm):
         # internal state (self.u, the momentum buffer, comes from the base class)
         n = flat.numel
         self.v = torch.zeros_like(flat.data)
-        self.gen = torch.Generator(device=flat.data.device)
-        self.gen.manual_seed(int(np.random.SeedSequence([ctx.seed, ctx.rank, 0xD6C]).generate_state(1)[0]))
+        self.gen = self.generator(ctx.seed, ctx.rank, flat.data.device)
         stages = tuple(min(s, self.final_sparsity) for s in WARMUP_SPARSITIES) + (self.final_sparsity,)
         self.selector = TopSelector(n, sample_ratio=sample_ratio, sparsities=stages, generator=self.gen,
                                     device=flat.data.device, backend=selection_backend)
@@ -190,6 +189,19 @@ class DGC(Algorithm):
         self._epoch = 0
         self._acc = [0.0, 0.0, 0]  # this epoch's sums of residual delta, norm ratio, steps
         self._last_epoch: tuple[float, float] | None = None
+
+    @staticmethod
+    def generator(seed: int, rank: int, device: torch.device | str = "cpu") -> torch.Generator:
+        """Partition ``rank``'s generator of the sampled threshold (seeded from the run's seed and the rank)."""
+        gen = torch.Generator(device=device)
+        gen.manual_seed(int(np.random.SeedSequence([seed, rank, 0xD6C]).generate_state(1)[0]))
+        return gen
+
+    def use_generator(self, gen: torch.Generator) -> None:
+        """Draw the threshold samples from ``gen`` from now on (geodml.pool_dgc swaps partitions' generators)."""
+        self.gen = gen
+        for selector in (self.selector, *self.layer_selectors):
+            selector.gen = gen
 
     @classmethod
     def from_config(cls, cfg: RunConfig, *, flat: FlatParams, comm: Comm, ctx: AlgoContext) -> DGC:
@@ -272,10 +284,18 @@ class DGC(Algorithm):
         The same additions in the same order on every partition (this rank's own block from the
         very buffers it sent), so all partitions compute bit-identical weights.
         """
-        w, me, c = self.flat.data, self.ctx.rank, self._sent
         received = self.comm.recv_from_all(self.KIND, step=step) if self.ctx.world_size > 1 else {}
+        self.apply_blocks(step, received, own=self.ctx.rank)
+        self._sent_idx = None
+        self._record_residual(step)
+
+    def apply_blocks(self, step: int, received: dict[int, list[np.ndarray]], *, own: int | None) -> None:
+        """``w += v~_r`` for r = 0..K-1 in rank order: rank ``own``'s block from this object's send
+        buffers (its last ``before_step``), every other rank's from ``received`` (as sent: dense
+        float32, or int32 indices and float32 values)."""
+        w, c = self.flat.data, self._sent
         for r in range(self.ctx.world_size):
-            if r == me:
+            if r == own:
                 if self._dense:
                     w.add_(self.send_val)
                 else:
@@ -293,8 +313,6 @@ class DGC(Algorithm):
             copy_array_into(self.recv_idx[:m], arrays[0])
             copy_array_into(self.recv_val[:m], arrays[1])
             w.index_add_(0, self.recv_idx[:m], self.recv_val[:m])
-        self._sent_idx = None
-        self._record_residual(step)
 
     # ---- Appendix G ------------------------------------------------------------------------------
     def _record_residual(self, step: int) -> None:

@@ -181,12 +181,12 @@ class Gaia(Algorithm):
         self.send_significant(step, lr)
         if self.ctx.world_size > 1:
             self.apply_received(self.flat.data, self.comm.recv_from_all("update", step=step))
-        self._restore_buffers()
+        self.restore_buffers()
 
     def send_significant(self, step: int, lr: float) -> None:
         """Lines 9-11 and the send of line 10: the threshold of this step, the selection, and the
         significant updates to every other partition (nothing to send with one partition). The
-        send buffers hold the message until ``_restore_buffers``."""
+        send buffers hold the message until ``restore_buffers``."""
         self.threshold = self.t0 * lr / self.lr0   # update_threshold: follows the lr schedule
         n, dense = self.select(self.threshold)
         self.sent_entries, self.sent_dense = n, dense
@@ -217,8 +217,9 @@ class Gaia(Algorithm):
                 copy_array_into(self.recv_vals.resize_(m), arrays[1])
                 w.index_add_(0, self.recv_idx, self.recv_vals)
 
-    def _restore_buffers(self) -> None:
-        # resize_ back to full length keeps the same storage (no allocation)
+    def restore_buffers(self) -> None:
+        """The send and receive buffers back to full length after a step (``resize_`` within their
+        capacity keeps the same storage: no allocation)."""
         n = self.flat.numel
         self.vals.resize_(n)
         self.recv_vals.resize_(n)

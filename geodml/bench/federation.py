@@ -13,9 +13,10 @@ For each configuration, side by side in one invocation:
   result), then the average; for Gaia and DGC, P models each taking one momentum-SGD step per step,
   one after another, with no communication at all. Partition-steps per second the same way.
 * **memory**: each process's peak RSS (the partitions' startup.json reports), summed over the R
-  processes, minus R times the fixed cost of one process (the peak RSS of the same run with P = R,
-  on the same engine: FedAvg rows on the pool engine),
-  against the partitions' own state: P x (weights + momentum) in float32.
+  processes, minus R times the fixed cost of one process (the peak RSS of a FedAvg run with P = R,
+  on the engine the row runs on: the pool for FedAvg and Gaia on the CPU, threads otherwise),
+  against the partitions' own state in float32: P x (weights + momentum), and for Gaia and DGC
+  their accumulated updates v^k besides (Algorithm 1's and DGC's state: 3 model-sized vectors).
 
 ``--device cuda``: geodml's partitions and the plain loop train on the GPU (the partitions of a
 process share its GPU, on the threads engine; the pool engine runs on the CPU), the plain loop's
@@ -160,12 +161,15 @@ def plain_loop(cfg: Config, steps: int, dataset: str, model_name: str, device: s
     return done / (time.perf_counter() - t0)
 
 
-def own_state_bytes(model_name: str, dataset: str) -> int:
-    """One partition's own state: weights + momentum, float32."""
+def own_state_bytes(algo: str, model_name: str, dataset: str) -> int:
+    """One partition's own state in float32: weights + momentum, and the accumulated updates v^k
+    that Gaia (Algorithm 1, line 7) and DGC (momentum correction) keep besides."""
     from geodml.data.datasets import load_dataset
     from geodml.models import build_model, count_parameters
     ds = load_dataset(dataset, None, seed=0)
-    return 2 * 4 * count_parameters(build_model(model_name, "none", ds.input_shape, ds.num_classes, generator_seed=0))
+    vectors = 3 if algo in ("gaia", "dgc") else 2
+    return vectors * 4 * count_parameters(build_model(model_name, "none", ds.input_shape, ds.num_classes,
+                                                      generator_seed=0))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,14 +200,15 @@ def main(argv: list[str] | None = None) -> int:
         configs += [Config("fedavg", 100, R, ("--vmap",)) for R in rs]
     if not a.no_gaia_dgc:
         configs += [Config(algo, 100, R) for algo in ("gaia", "dgc") for R in rs]
-    own = own_state_bytes(a.model, dataset)
+    own = {algo: own_state_bytes(algo, a.model, dataset) for algo in {c.algo for c in configs}}
     rows = []
     fixed: dict[tuple[int, bool], int] = {}
     with tempfile.TemporaryDirectory(prefix="geodml-bench-") as tmp:
         for cfg in configs:
             # the fixed cost of a process: the same engine with one partition per process (FedAvg
-            # runs on the pool engine, whose process holds less than one partition's threads-engine set-up)
-            key = (cfg.processes, cfg.algo == "fedavg" and a.device == "cpu")
+            # and Gaia run on the pool engine, whose process holds less than one partition's
+            # threads-engine set-up)
+            key = (cfg.processes, cfg.algo in ("fedavg", "gaia") and a.device == "cpu")
             if key not in fixed:
                 engine = ("--engine", "pool") if key[1] else ()
                 fixed[key] = measure(Config("fedavg", cfg.processes, cfg.processes, engine), steps, Path(tmp),
@@ -211,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             load = os.getloadavg()[0]
             rate, peak = measure(cfg, steps, Path(tmp), dataset, a.model, a.device)
             floor = plain_loop(cfg, steps, dataset, a.model, a.device)
-            state = cfg.partitions * own
+            state = cfg.partitions * own[cfg.algo]
             rows.append([" ".join([cfg.algo, *(f.lstrip("-") for f in cfg.extra)]), cfg.partitions, cfg.processes, rate, floor,
                          rate / floor, peak / 2**20, fixed[key] / 2**20, state / 2**20,
                          (peak - fixed[key]) / state, load])
