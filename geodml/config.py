@@ -518,11 +518,12 @@ class RunConfig:
                                  "threads of it (in-process messages, charged exactly as sent; docs/launch.md)",
                                  default_text="the number of processes")
     engine: str = opt("auto", choices=("auto", "threads", "pool"), help="how a process runs its partitions: threads "
-                      "(every algorithm), pool (the FedAvg family: clients as state on one worker model, for 100s to "
-                      "10,000s of clients; geodml/pool.py); auto: pool where it applies and P > processes, else threads")
-    vmap: bool = opt(False, help="pool engine: each step's participants' forward and backward in one torch.func.vmap "
-                     "call instead of one after another (weights agree to float32 rounding, not bit for bit; on the CPU "
-                     "it measured no faster; geodml/stacked.py)")
+                      "(every algorithm), pool (the FedAvg family, Gaia and DGC: partitions as state on one worker model, for "
+                      "100s to 10,000s of partitions; geodml/pool.py); auto: pool where it applies and P > processes, "
+                      "else threads")
+    vmap: bool = opt(False, help="FedAvg on the pool engine: each step's participants' forward and backward in one "
+                     "torch.func.vmap call instead of one after another (weights agree to float32 rounding, not bit "
+                     "for bit; on the CPU it measured no faster; geodml/stacked.py)")
 
     def __post_init__(self) -> None:
         _check(isinstance(self.seed, int) and self.seed >= 0,

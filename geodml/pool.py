@@ -1,4 +1,8 @@
-"""Pooled FedAvg clients: a process's partitions as state, not threads (``--engine pool``).
+"""Pooled partitions: a process's partitions as state, not threads (``--engine pool``).
+
+This module is the FedAvg family's pool and the engine's common part (set-up, logging,
+evaluation, the run directory); Gaia's and DGC's, whose partitions all compute and exchange every
+step, are geodml.pool_gaia and geodml.pool_dgc on :class:`EveryStepPool`.
 
 With P > R partitions, the threads engine (geodml.run) gives every hosted partition a thread
 with its own model, optimizer buffers and trainer: general (every algorithm) but its memory and
@@ -31,14 +35,15 @@ values in the same order, the sums over partitions in rank order in float64 (geo
 Evaluation mid-round with client sampling averages every partition's current weights, as the
 threads engine does (the snapshots stand in for the partitions that sat out).
 
-``--vmap`` computes a step's participants' gradients in one ``torch.func.vmap`` call
+``--vmap`` (FedAvg only) computes a step's participants' gradients in one ``torch.func.vmap`` call
 (geodml.stacked) instead of one participant after another; weight decay and the algorithm's
 hooks stay per participant. Its weights agree with the loop's to float32 rounding, not bit for
 bit, and it measured no faster on the CPU (tests/test_stacked.py, docs/performance.md).
 
-Scope: ``--algo fedavg`` with client sampling, FedAvgM, FedProx and ``--reset-momentum``, on the
-CPU, ``--wan off|virtual``, models without BatchNorm/BatchReNorm. FedIR, IWDS and FedVC
-(per-partition tables in their algorithm objects), FedNova and ``--local-epochs``, SkewScout,
+Scope: ``--algo fedavg`` with client sampling, FedAvgM, FedProx and ``--reset-momentum``, and
+``--algo gaia`` and ``--algo dgc``, on the CPU, ``--wan off|virtual``, models without
+BatchNorm/BatchReNorm. BSP and ``local`` (not ported), FedIR, IWDS and FedVC (per-partition
+tables in their algorithm objects), FedNova and ``--local-epochs``, SkewScout,
 checkpoints and ``--wan real`` use the threads engine (``--engine auto`` picks it; ``--engine
 pool`` with them is an input error naming the reason). ``--metrics-port``: the process's one
 exporter (geodml.parts.start_process_exporter) reads each partition's Comm and a

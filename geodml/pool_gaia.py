@@ -96,6 +96,25 @@ class GaiaPool(EveryStepPool):
                 self.stats0 = gaia.stats()
             self._count(k, loss, correct)
         if self.P > 1:
-            for i, k in enumerate(self.hosted):
-                gaia.apply_received(self.W[i], self.comm(k).recv_from_all("update", step=step))
+            self._apply_received(step)
             gaia.restore_buffers()
+
+    def _apply_received(self, step: int) -> None:
+        """Lines 13-15 for every hosted partition: each receives (its Comm's recv_from_all), then
+        sender by sender in rank order, the sender's update is decoded once and added to the rows of
+        every hosted partition but the sender's own, in at most two calls (rows before it, rows
+        after it). Each row gets the updates in rank order, as Gaia.apply_received adds them."""
+        received = [self.comm(k).recv_from_all("update", step=step) for k in self.hosted]
+        h, start = len(self.hosted), self.hosted.start
+        for src in range(self.P):
+            j = src - start                        # the sender's row, when it is hosted here
+            if 0 <= j < h:
+                if h == 1:
+                    continue                       # the only partition here is the sender
+                arrays = received[1 if j == 0 else 0][src]
+                blocks = [b for b in (self.W[:j], self.W[j + 1:]) if b.shape[0]]
+            else:
+                arrays = received[0][src]
+                blocks = [self.W]
+            for block in blocks:
+                self.gaia.add_update(block, arrays)

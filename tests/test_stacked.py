@@ -73,7 +73,7 @@ def test_models_with_running_statistics_are_refused():
 
 
 def test_vmap_without_the_pool_engine_is_an_input_error(tmp_path, capsys):
-    for argv, why in ((["--algo", "gaia", "--partitions", "3"], "--algo gaia"),
+    for argv, why in ((["--algo", "fedavg", "--partitions", "3", "--fedir"], "FedIR"),
                       (["--algo", "fedavg", "--partitions", "3", "--engine", "threads"], "--engine threads"),
                       (["--algo", "fedavg"], "one partition per process")):
         out = tmp_path / "never"
@@ -82,6 +82,13 @@ def test_vmap_without_the_pool_engine_is_an_input_error(tmp_path, capsys):
         assert err[0].startswith("geodml: error: --vmap needs the pool engine, which this run does not use: ")
         assert why in err[0]
         assert not out.exists()
+    # Gaia and DGC run on the pool but train partitions one after another: --vmap would do nothing
+    for algo in ("gaia", "dgc"):
+        assert main(["--algo", algo, "--partitions", "3", "--vmap", "--out", str(tmp_path / "never")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[0] == (f"geodml: error: --vmap stacks FedAvg participants' gradients (the FedAvg pool); --algo {algo} "
+                          "trains its partitions one after another: leave out --vmap")
+        assert not (tmp_path / "never").exists()
 
 
 @pytest.mark.integration

@@ -206,16 +206,26 @@ class Gaia(Algorithm):
         """Lines 13-15: add every other partition's significant updates to ``w``, in rank order
         (the same sum order on every run), dense or sparse as each was sent."""
         for src in sorted(received):
-            arrays = received[src]
-            if len(arrays) == 1:                  # dense
-                copy_array_into(self.recv_vals.resize_(w.numel()), arrays[0])
-                w.add_(self.recv_vals)
-            elif len(arrays) == 2:                # sparse
-                m = len(arrays[0])
-                copy_array_into(self.recv_idx32.resize_(m), arrays[0])
-                self.recv_idx.resize_(m).copy_(self.recv_idx32)
-                copy_array_into(self.recv_vals.resize_(m), arrays[1])
+            self.add_update(w, received[src])
+
+    def add_update(self, w: torch.Tensor, arrays: list[np.ndarray]) -> None:
+        """Add one received update (as sent: dense float32 values, int32 indices and float32
+        values, or nothing) to ``w``: one model ``[n]``, or several ``[rows, n]`` that each get it
+        (geodml.pool_gaia: each row's every entry gets the one addition the 1-D call makes, so
+        the bits are the same)."""
+        n = w.shape[-1]
+        if len(arrays) == 1:                      # dense
+            copy_array_into(self.recv_vals.resize_(n), arrays[0])
+            w.add_(self.recv_vals)
+        elif len(arrays) == 2:                    # sparse
+            m = len(arrays[0])
+            copy_array_into(self.recv_idx32.resize_(m), arrays[0])
+            self.recv_idx.resize_(m).copy_(self.recv_idx32)
+            copy_array_into(self.recv_vals.resize_(m), arrays[1])
+            if w.dim() == 1:
                 w.index_add_(0, self.recv_idx, self.recv_vals)
+            else:
+                w.index_add_(1, self.recv_idx, self.recv_vals.expand(w.shape[0], m))
 
     def restore_buffers(self) -> None:
         """The send and receive buffers back to full length after a step (``resize_`` within their

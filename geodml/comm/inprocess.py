@@ -239,9 +239,14 @@ class InProcessGroup:
     # ---- messages ------------------------------------------------------------------------------
     def _deliver(self, dst: int, msg: Incoming) -> None:
         box = self._mailboxes[dst]
-        with box.cond:
-            box.queues.setdefault((msg.src, msg.kind, msg.step), deque()).append(msg)
-            box.cond.notify_all()
+        key = (msg.src, msg.kind, msg.step)
+        with box.lock:  # cond's lock, entered without Condition's Python-level __enter__ (hot: P^2 per step)
+            q = box.queues.get(key)
+            if q is None:
+                q = box.queues[key] = deque()
+            q.append(msg)
+            if box.waiting:  # only its rank waits on a box: nobody waiting, nobody to wake
+                box.cond.notify_all()
 
     def _take(self, rank: int, srcs: list[int], kind: str, step: int, timeout_s: float) -> dict[int, Incoming]:
         """One (kind, step) message from each of ``srcs``, taken together once all are there (so a
@@ -264,7 +269,11 @@ class InProcessGroup:
                 if left <= 0:
                     missing = [s for s, q in zip(srcs, queues) if not q]
                     raise CommTimeoutError(self._timeout_message(rank, box, missing, kind, step, timeout_s))
-                box.cond.wait(left)
+                box.waiting += 1
+                try:
+                    box.cond.wait(left)
+                finally:
+                    box.waiting -= 1
 
     def _timeout_message(self, rank: int, box: _Mailbox, missing: list[int], kind: str, step: int,
                          timeout_s: float) -> str:
@@ -302,11 +311,14 @@ class InProcessGroup:
 class _Mailbox:
     """One rank's received messages per (src, kind, step), oldest first; only its rank waits on it."""
 
-    __slots__ = ("cond", "queues")
+    __slots__ = ("cond", "lock", "queues", "waiting")
 
     def __init__(self) -> None:
-        self.cond = threading.Condition()
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
         self.queues: dict[tuple[int, str, int], deque[Incoming]] = {}
+        self.waiting = 0
+        """Threads in ``cond.wait`` now (changed under ``cond``): a delivery notifies only when > 0."""
 
 
 class InProcessComm(ChargedComm):
