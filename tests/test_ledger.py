@@ -45,6 +45,20 @@ def test_ledger_rows_and_summary_by_hand():
     assert s["wan_emulated_seconds_by_kind"] == {"gradient": 1.0, "model": 0.0, "update": 0.75}
 
 
+def test_charge_each_is_one_charge_per_destination():
+    """Ledger.charge_each (--wan off's send to many) sums per region first: the same rows."""
+    regions = ["us", "eu", "us", "ap", "eu"]
+    each, one_by_one = Ledger(0, regions), Ledger(0, regions)
+    each.charge_each([1, 2, 3, 4], "update", 100)
+    each.charge_each([4], "update", 7)
+    for d in (1, 2, 3, 4):
+        one_by_one.charge(d, "update", 100)
+    one_by_one.charge(4, "update", 7)
+    assert each.rows() == one_by_one.rows()
+    assert {(r["dst_region"], r["bytes"], r["messages"]) for r in each.rows()} == {
+        ("eu", 207, 3), ("us", 100, 1), ("ap", 100, 1)}
+
+
 def test_ring_chunks_and_sent_elements_by_hand():
     # n = 10, K = 4: chunks 3, 3, 2, 2. Rank 0 sends in reduce-scatter steps 0..2 the chunks
     # 0, 3, 2 and in all-gather steps 0..2 the chunks 1, 0, 3.

@@ -326,8 +326,7 @@ class ChargedComm(ABC):
             return
         charge, kind, nbytes = self.ledger.charge, out.kind, out.nbytes
         if link_s is None:  # --wan off: bytes only
-            for d in dsts:
-                charge(d, kind, nbytes)
+            self.ledger.charge_each(dsts, kind, nbytes)
             return
         for (d, _, _), seconds in zip(targets, link_s):
             charge(d, kind, nbytes, messages=1, emulated_s=seconds)

@@ -402,10 +402,11 @@ class InProcessComm(ChargedComm):
             if remote:
                 g.cross.send(self.rank, out, remote)
                 targets = [t for t in targets if t[0] in g.hosted]
+        deliver, src, kind, step, payloads, nbytes = g._deliver, self.rank, out.kind, out.step, out.payloads, out.nbytes
         for dst, arrival_s, release_at in targets:
-            msg = Incoming(self.rank, out.kind, out.step, arrival_s, list(out.payloads), out.nbytes)
+            msg = Incoming(src, kind, step, arrival_s, list(payloads), nbytes)
             if release_at is None:
-                g._deliver(dst, msg)
+                deliver(dst, msg)
             else:
                 assert self._pacer is not None, "a release time only under --wan real"
                 self._pacer.submit(release_at, functools.partial(g._deliver, dst, msg))

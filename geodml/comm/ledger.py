@@ -13,7 +13,8 @@ FedAvg deltas), ``model`` (whole models), ``travel`` (SkewScout model traveling)
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 KINDS = ("gradient", "update", "model", "travel", "control")
@@ -43,6 +44,20 @@ class Ledger:
         t.bytes += int(num_bytes)
         t.messages += int(messages)
         t.emulated_s += float(emulated_s)
+
+    def charge_each(self, dst_ranks: Sequence[int], kind: str, num_bytes: int) -> None:
+        """``charge(d, kind, num_bytes)`` for every ``d`` in ``dst_ranks`` (one message each, no
+        emulated seconds: ``--wan off``), summed per destination region first: the same totals,
+        one update per region instead of one per destination (a Gaia step at P partitions sends
+        P (P - 1) messages)."""
+        assert kind in KINDS, f"unknown traffic kind {kind!r}"
+        assert num_bytes >= 0
+        regions = self.region_of_rank
+        src = regions[self.rank]
+        for region, n in Counter(regions[d] for d in dst_ranks).items():
+            t = self.links[(src, region, kind)]
+            t.bytes += n * int(num_bytes)
+            t.messages += n
 
     # ---- checkpoint ----------------------------------------------------------------------
     def state_dict(self) -> dict:
