@@ -97,11 +97,9 @@ class DGCPool(EveryStepPool):
             dgc.before_step(step, lr)
             if k == 0:
                 self.stats_state.update(paths=dgc.paths, total_sent=dgc.total_sent)
-                first = (dgc.last_sent, dgc._dense, dgc.sparsity)
+                first = (dgc.last_sent, dgc.sent_dense, dgc.sparsity)
             if single:  # its block is in no other hosted partition's mailbox
-                c = dgc._sent
-                self.own_block = ([dgc.send_val.numpy().copy()] if dgc._dense else
-                                  [dgc.send_idx[:c].numpy().copy(), dgc.send_val[:c].numpy().copy()])
+                self.own_block = dgc.sent_block()
             self._count(k, loss, correct)
         blocks: dict[int, list[np.ndarray]] = {}
         if self.P > 1:
@@ -114,5 +112,5 @@ class DGCPool(EveryStepPool):
         if first is not None:  # partition 0's residual (Appendix G) and statistics, as its Trainer logs them
             dgc.v, dgc.paths, dgc.total_sent = self.V[0], self.stats_state["paths"], self.stats_state["total_sent"]
             dgc.last_sent, dgc._dense, dgc.sparsity = first
-            dgc._record_residual(step)
+            dgc.record_residual(step)
             self.stats0 = dgc.stats()

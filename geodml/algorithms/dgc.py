@@ -287,7 +287,20 @@ class DGC(Algorithm):
         received = self.comm.recv_from_all(self.KIND, step=step) if self.ctx.world_size > 1 else {}
         self.apply_blocks(step, received, own=self.ctx.rank)
         self._sent_idx = None
-        self._record_residual(step)
+        self.record_residual(step)
+
+    def sent_block(self) -> list[np.ndarray]:
+        """A copy of the block the last ``before_step`` sent, as sent (the dense values, or the int32
+        indices and float32 values): what every other partition receives from this one."""
+        c = self._sent
+        if self._dense:
+            return [self.send_val.cpu().numpy().copy()]
+        return [self.send_idx[:c].cpu().numpy().copy(), self.send_val[:c].cpu().numpy().copy()]
+
+    @property
+    def sent_dense(self) -> bool:
+        """Whether the last ``before_step`` sent its block dense."""
+        return self._dense
 
     def apply_blocks(self, step: int, received: dict[int, list[np.ndarray]], *, own: int | None) -> None:
         """``w += v~_r`` for r = 0..K-1 in rank order: rank ``own``'s block from this object's send
@@ -315,7 +328,7 @@ class DGC(Algorithm):
             w.index_add_(0, self.recv_idx[:m], self.recv_val[:m])
 
     # ---- Appendix G ------------------------------------------------------------------------------
-    def _record_residual(self, step: int) -> None:
+    def record_residual(self, step: int) -> None:
         epoch = step // self.ctx.steps_per_epoch
         if epoch != self._epoch:
             if self._acc[2]:
