@@ -100,24 +100,34 @@ def test_engine_pool_with_what_it_does_not_run_is_an_input_error(tmp_path, capsy
     assert not out.exists()
 
 
-@pytest.mark.integration
-@pytest.mark.parametrize("name", list(CONFIGS))
-def test_pool_equals_threads_bit_for_bit(name, tmp_path):
-    argv = [*BASE, *CONFIGS[name]]
+def _pool_equals_threads(argv, tmp_path):
     assert main([*argv, "--engine", "threads", "--out", str(tmp_path / "threads")]) == 0
     assert main([*argv, "--engine", "pool", "--out", str(tmp_path / "pool")]) == 0
     assert json.loads((tmp_path / "pool" / "config.json").read_text())["engine"] == "pool"
     _same_run(tmp_path / "threads", tmp_path / "pool")
+
+
+def _two_processes_equal_one(argv, tmp_path, monkeypatch):
+    from tests.support.procs import run_torchrun
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    assert main([*argv, "--out", str(tmp_path / "r1")]) == 0
+    r = run_torchrun(2, [*argv, "--out", str(tmp_path / "r2")], timeout_s=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "pool engine" in r.stdout
+    _same_run(tmp_path / "r1", tmp_path / "r2")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_pool_equals_threads_bit_for_bit(name, tmp_path):
+    _pool_equals_threads([*BASE, *CONFIGS[name]], tmp_path)
 
 
 @pytest.mark.integration
 @pytest.mark.parametrize("name", list(EVERY_STEP_CONFIGS))
 def test_gaia_and_dgc_pools_equal_threads_bit_for_bit(name, tmp_path):
-    argv = [*EVERY_STEP_BASE, *EVERY_STEP_CONFIGS[name]]
-    assert main([*argv, "--engine", "threads", "--out", str(tmp_path / "threads")]) == 0
-    assert main([*argv, "--engine", "pool", "--out", str(tmp_path / "pool")]) == 0
-    assert json.loads((tmp_path / "pool" / "config.json").read_text())["engine"] == "pool"
-    _same_run(tmp_path / "threads", tmp_path / "pool")
+    _pool_equals_threads([*EVERY_STEP_BASE, *EVERY_STEP_CONFIGS[name]], tmp_path)
     s = json.loads((tmp_path / "pool" / "summary.json").read_text())
     gaia = name.startswith("gaia")
     assert s["final_model"] == ("average_of_weights" if gaia else "global")
@@ -133,15 +143,7 @@ def test_gaia_and_dgc_pools_equal_threads_bit_for_bit(name, tmp_path):
 
 @pytest.mark.integration
 def test_pool_on_two_processes_equals_one(tmp_path, monkeypatch):
-    from tests.support.procs import run_torchrun
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(var, raising=False)
-    argv = [*BASE, *CONFIGS["sampled-fedavgm-fedprox"], "--engine", "auto"]
-    assert main([*argv, "--out", str(tmp_path / "r1")]) == 0
-    r = run_torchrun(2, [*argv, "--out", str(tmp_path / "r2")], timeout_s=240)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "pool engine" in r.stdout
-    _same_run(tmp_path / "r1", tmp_path / "r2")
+    _two_processes_equal_one([*BASE, *CONFIGS["sampled-fedavgm-fedprox"], "--engine", "auto"], tmp_path, monkeypatch)
 
 
 @pytest.mark.integration
@@ -151,15 +153,8 @@ def test_gaia_and_dgc_pools_on_two_processes_equal_one(name, partitions, tmp_pat
     """Every partition sends to every other each step: across the two processes through ZeroMQ.
     With 3 partitions the second process hosts one, which receives no hosted partner's copy of
     its own update (Gaia skips it; DGC keeps its own block for the sum)."""
-    from tests.support.procs import run_torchrun
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(var, raising=False)
     argv = [*EVERY_STEP_BASE, *EVERY_STEP_CONFIGS[name], "--engine", "auto", "--partitions", str(partitions)]
-    assert main([*argv, "--out", str(tmp_path / "r1")]) == 0
-    r = run_torchrun(2, [*argv, "--out", str(tmp_path / "r2")], timeout_s=240)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "pool engine" in r.stdout
-    _same_run(tmp_path / "r1", tmp_path / "r2")
+    _two_processes_equal_one(argv, tmp_path, monkeypatch)
 
 
 @pytest.mark.integration
