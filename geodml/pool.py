@@ -97,15 +97,12 @@ def pool_refusal(cfg: RunConfig) -> str | None:
     return None
 
 
-class _Worker:
-    """The one model a process trains its partitions on, with its minibatch buffers
-    (geodml.trainer.Minibatch)."""
+class _Model:
+    """A model over a flat buffer (geodml.algorithms.base.FlatParams) that a partition's weights
+    and float buffers are loaded into."""
 
-    def __init__(self, model: torch.nn.Module, flat, train_x: torch.Tensor, train_y: torch.Tensor, optim) -> None:
-        self.model, self.flat, self.train_x, self.train_y, self.optim = model, flat, train_x, train_y, optim
-        self.xb = torch.empty((optim.batch_size, *train_x.shape[1:]), dtype=train_x.dtype)
-        self.yb = torch.empty(optim.batch_size, dtype=train_y.dtype)
-        self.idx = torch.empty(optim.batch_size, dtype=torch.int64)
+    def __init__(self, model: torch.nn.Module, flat) -> None:
+        self.model, self.flat = model, flat
         self.buffers = flat.float_buffers
         self.nbuf = sum(b.numel() for b in self.buffers)
 
@@ -113,6 +110,18 @@ class _Worker:
         self.flat.data.copy_(weights)
         if self.nbuf:
             unpack_from(buffers, self.buffers)
+
+
+class _Worker(_Model):
+    """The one model a process trains its partitions on, with its minibatch buffers
+    (geodml.trainer.Minibatch)."""
+
+    def __init__(self, model: torch.nn.Module, flat, train_x: torch.Tensor, train_y: torch.Tensor, optim) -> None:
+        super().__init__(model, flat)
+        self.train_x, self.train_y, self.optim = train_x, train_y, optim
+        self.xb = torch.empty((optim.batch_size, *train_x.shape[1:]), dtype=train_x.dtype)
+        self.yb = torch.empty(optim.batch_size, dtype=train_y.dtype)
+        self.idx = torch.empty(optim.batch_size, dtype=torch.int64)
 
     def store(self, weights: torch.Tensor, buffers: torch.Tensor) -> None:
         weights.copy_(self.flat.data)
@@ -155,6 +164,7 @@ class Pool:
         report = partition_report(labels, pre.partitions, ds.num_classes)
         model = build_from_config(cfg.model, ds.input_shape, ds.num_classes, generator_seed=cfg.seed,
                                   pixel_std=ds.pixel_std)
+        self._shapes = (ds.input_shape, ds.num_classes, ds.pixel_std)  # for evaluation replicas
         flat = FlatParams(model, param_multipliers(cfg.model, model))
         self.spe = steps_per_epoch(len(labels), P, cfg.optim.batch_size)
         self.total_steps = cfg.optim.steps or max(1, round(cfg.optim.epochs * self.spe))
@@ -482,24 +492,20 @@ class Pool:
         return self._finish(step, lr)
 
     def _finish(self, step: int, lr: float) -> dict:
-        from geodml.trainer import evaluate
         final = self._log(step, lr, with_eval=True)
-        own_val: dict[object, float] = {}
+        states = {k: self._final_state(k) for k in self.hosted}
+        own_val, train_acc = self._evaluate_partitions(states)
         per: list[tuple[float, float]] = []
         files: dict[object, Path] = {}
         for k in self.hosted:
-            r, state = self._final_state(k)
-            self.w.load(state[:self.n], state[self.n:])
-            if r not in own_val:
-                own_val[r] = evaluate(self.w.model, self.test_x, self.test_y)[0] / len(self.test_y)
-            local = torch.from_numpy(self.local_indices[k])
-            train_correct, _ = evaluate(self.w.model, self.w.train_x, self.w.train_y, indices=local)
-            per.append((own_val[r], train_correct / len(local)))
+            r, state = states[k]
+            per.append((own_val[r], train_acc[k]))
             own = rundir.rank_dir(self.out, k)
             own.mkdir(parents=True, exist_ok=True)
             if r in files:
                 _replace_link(files[r], own / rundir.MODEL)
             else:
+                self.w.load(state[:self.n], state[self.n:])
                 rundir.save_torch(own / rundir.MODEL, {n: v.detach().clone() for n, v in
                                                        self.w.model.state_dict().items()})
                 files[r] = own / rundir.MODEL
@@ -507,6 +513,44 @@ class Pool:
         per_rank = self.group.gather_hosted_objects(per)
         return {"final": final, "per_rank_val_accuracy": [v for v, _ in per_rank],
                 "per_rank_train_accuracy": [t for _, t in per_rank]}
+
+    def _evaluate_partitions(self, states: dict[int, tuple[object, torch.Tensor]]
+                             ) -> tuple[dict[object, float], dict[int, float]]:
+        """Each hosted partition's final model on the whole test set (once per distinct model) and on
+        its own training data, as the threads engine's partitions evaluate them: on up to
+        ``os.cpu_count()`` threads at once (geodml.trainer's evaluation slots), each with a model of
+        its own into which a partition's state is loaded. The same weights give the same bits
+        on any thread."""
+        import queue
+        from concurrent.futures import ThreadPoolExecutor
+
+        from geodml.algorithms import FlatParams
+        from geodml.models import build_from_config
+        from geodml.trainer import _CORES, evaluate
+        distinct = {r: state for r, state in states.values()}
+        jobs = len(distinct) + len(states)
+        models: queue.SimpleQueue[_Model] = queue.SimpleQueue()
+        models.put(self.w)
+        for _ in range(min(_CORES, jobs) - 1):
+            m = build_from_config(self.cfg.model, *self._shapes[:2], generator_seed=self.cfg.seed,
+                                  pixel_std=self._shapes[2])
+            models.put(_Model(m, FlatParams(m)))
+
+        def on_a_model(state: torch.Tensor, x: torch.Tensor, y: torch.Tensor, indices: torch.Tensor | None) -> int:
+            m = models.get()
+            try:
+                m.load(state[:self.n], state[self.n:])
+                return evaluate(m.model, x, y, indices=indices)[0]
+            finally:
+                models.put(m)
+
+        with ThreadPoolExecutor(max_workers=min(_CORES, jobs), thread_name_prefix="geodml-eval") as ex:
+            val = {r: ex.submit(on_a_model, state, self.test_x, self.test_y, None) for r, state in distinct.items()}
+            local = {k: torch.from_numpy(self.local_indices[k]) for k in states}
+            train = {k: ex.submit(on_a_model, states[k][1], self.w.train_x, self.w.train_y, local[k]) for k in states}
+            own_val = {r: f.result() / len(self.test_y) for r, f in val.items()}
+            train_acc = {k: f.result() / len(local[k]) for k, f in train.items()}
+        return own_val, train_acc
 
     def _final_state(self, k: int) -> tuple[object, torch.Tensor]:
         """Partition k's model at the end (weights then buffers) and a key shared by the partitions
