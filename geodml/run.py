@@ -90,8 +90,8 @@ def check_partitions(cfg: RunConfig, env: Env) -> int:
         if why is not None:
             raise ValueError(f"--engine pool does not run {why}; use --engine threads (or auto)")
     if cfg.vmap and cfg.algo.algo != "fedavg":
-        raise ValueError(f"--vmap stacks FedAvg participants' gradients (the FedAvg pool); --algo {cfg.algo.algo} "
-                         "trains its partitions one after another: leave out --vmap")
+        raise ValueError(f"--vmap applies to --algo fedavg only (it stacks the participants' gradients on the pool "
+                         f"engine), not to --algo {cfg.algo.algo}: leave out --vmap")
     if cfg.vmap and engine(cfg, partitions, env.world_size) != "pool":
         from geodml.pool import pool_refusal
         why = ("--engine threads" if cfg.engine == "threads" else pool_refusal(cfg)

@@ -82,12 +82,12 @@ def test_vmap_without_the_pool_engine_is_an_input_error(tmp_path, capsys):
         assert err[0].startswith("geodml: error: --vmap needs the pool engine, which this run does not use: ")
         assert why in err[0]
         assert not out.exists()
-    # Gaia and DGC run on the pool but train partitions one after another: --vmap would do nothing
-    for algo in ("gaia", "dgc"):
+    # Gaia and DGC run on the pool but train partitions one after another: --vmap would do nothing; BSP never pools
+    for algo in ("gaia", "dgc", "bsp"):
         assert main(["--algo", algo, "--partitions", "3", "--vmap", "--out", str(tmp_path / "never")]) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert err[0] == (f"geodml: error: --vmap stacks FedAvg participants' gradients (the FedAvg pool); --algo {algo} "
-                          "trains its partitions one after another: leave out --vmap")
+        assert err[0] == (f"geodml: error: --vmap applies to --algo fedavg only (it stacks the participants' "
+                          f"gradients on the pool engine), not to --algo {algo}: leave out --vmap")
         assert not (tmp_path / "never").exists()
 
 
