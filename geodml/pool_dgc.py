@@ -59,6 +59,7 @@ class DGCPool(EveryStepPool):
         self.own_block: list[np.ndarray] = []   # one hosted partition: its own block, kept for the apply
         # partition 0's statistics, swapped in for its step and its logging
         self.stats_state: dict[str, Any] = {"paths": dict(self.dgc.paths), "total_sent": 0}
+        self.scratch_paths = dict(self.dgc.paths)  # the other partitions' counters: counted, never read
         self.stats0 = self.dgc.stats()
 
     def _stats(self) -> dict[str, float]:
@@ -79,7 +80,7 @@ class DGCPool(EveryStepPool):
         if k == 0:
             dgc.paths, dgc.total_sent = self.stats_state["paths"], self.stats_state["total_sent"]
         else:
-            dgc.paths, dgc.total_sent = dict.fromkeys(dgc.paths, 0), 0
+            dgc.paths, dgc.total_sent = self.scratch_paths, 0
 
     def _train_step(self, step: int, lr: float) -> None:
         from geodml.trainer import local_gradient
