@@ -55,10 +55,12 @@ class GaiaPool(EveryStepPool):
         self.U = torch.zeros((h, n), dtype=flat.data.dtype)
         self.V = torch.zeros((h, n), dtype=flat.data.dtype)
         self.sent_total = np.zeros(h, dtype=np.int64)                    # per-partition Gaia statistics
-        self.stats0: dict[str, float] = self.gaia.stats()
+        self.last0 = (0, False, 0)  # partition 0's last (sent entries, dense, total): its stats() at log time
 
     def _stats(self) -> dict[str, float]:
-        return self.stats0
+        g = self.gaia
+        g.sent_entries, g.sent_dense, g.sent_entries_total = self.last0
+        return g.stats()
 
     def _current(self, k: int) -> torch.Tensor:
         return self.W[k - self.hosted.start]
@@ -93,7 +95,7 @@ class GaiaPool(EveryStepPool):
             self.V[i].copy_(v)
             self.sent_total[i] = gaia.sent_entries_total
             if k == 0:
-                self.stats0 = gaia.stats()
+                self.last0 = (gaia.sent_entries, gaia.sent_dense, gaia.sent_entries_total)
             self._count(k, loss, correct)
         if self.P > 1:
             self._apply_received(step)
