@@ -147,6 +147,24 @@ def test_messages_tags_order_hand_over_and_read_only():
     assert sum(r["messages"] for r in rows) == 4  # the marker is not charged
 
 
+def test_a_send_to_all_is_shared_yet_each_receiver_gets_its_own_list():
+    """One in-process send to all is one message object in every mailbox (--wan off): a receiver
+    that changes the list it got changes nobody else's, and two sends under one tag still arrive
+    in order at every destination."""
+    group = InProcessGroup(3, timeout_s=5.0)
+    c0, c1, c2 = group.comms
+    c0.send_to_all("update", [np.arange(3, dtype=np.int32), np.ones(3, dtype=np.float32)], step=4)
+    c0.send_to_all("update", [np.full(2, 9, dtype=np.int32)], step=4)           # same tag again
+    first = c1.recv(0, "update", step=4)
+    first.clear()                                                              # rank 1's own list
+    got = c2.recv(0, "update", step=4)
+    assert [a.tolist() for a in got] == [[0, 1, 2], [1.0, 1.0, 1.0]]
+    assert [a.tolist() for a in c1.recv(0, "update", step=4)] == [[9, 9]]
+    assert [a.tolist() for a in c2.recv(0, "update", step=4)] == [[9, 9]]
+    assert sum(r["messages"] for r in c0.ledger.rows()) == 4
+    group.close()
+
+
 def test_recv_times_out_naming_the_silent_peer_and_keeps_what_came():
     def fn(rank, comm):
         if rank == 0:

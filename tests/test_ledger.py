@@ -57,6 +57,17 @@ def test_charge_each_is_one_charge_per_destination():
     assert each.rows() == one_by_one.rows()
     assert {(r["dst_region"], r["bytes"], r["messages"]) for r in each.rows()} == {
         ("eu", 207, 3), ("us", 100, 1), ("ap", 100, 1)}
+    # a tuple's regions are counted once and reused while the same tuple comes back (a Comm's
+    # send to all); another tuple or a list is counted afresh
+    cached, plain = Ledger(0, regions), Ledger(0, regions)
+    all_others, two = (1, 2, 3, 4), (1, 4)
+    for dsts in (all_others, all_others, two, all_others, [1, 2]):
+        cached.charge_each(dsts, "update", 10)
+        for d in dsts:
+            plain.charge(d, "update", 10)
+    assert cached.rows() == plain.rows()
+    assert {(r["dst_region"], r["bytes"], r["messages"]) for r in cached.rows()} == {
+        ("eu", 90, 9), ("us", 40, 4), ("ap", 30, 3)}
 
 
 def test_ring_chunks_and_sent_elements_by_hand():

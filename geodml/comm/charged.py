@@ -86,6 +86,7 @@ class ChargedComm(ABC):
         self._links = links  # [src][dst]; shared by the ranks of an in-process group (built once, by region)
         self._pacing = LinkPacing(wan, self._links[rank] if self._links is not None else NoLinks(world_size))
         self._closed = False
+        self._others: tuple[int, ...] | None = None  # every other rank (send_to_all), built on first use
 
     # ---- model -----------------------------------------------------------------------------
     def link(self, src: int, dst: int) -> WanLink:
@@ -192,7 +193,10 @@ class ChargedComm(ABC):
                     wait: bool = True) -> None:
         """Send the same message to every other rank (one message per peer, each charged)."""
         if self.world_size > 1:
-            self._post(self._prepare(kind, tensors, step), [d for d in range(self.world_size) if d != self.rank], wait)
+            others = self._others
+            if others is None:
+                others = self._others = tuple(d for d in range(self.world_size) if d != self.rank)
+            self._post(self._prepare(kind, tensors, step), others, wait)
 
     def recv(self, src: int, kind: str, *, step: int, timeout_s: float | None = None) -> list[np.ndarray]:
         """The arrays of the next (kind, step) message from ``src``.
@@ -204,7 +208,7 @@ class ChargedComm(ABC):
         self._check_rank(src, "src")
         msg = self._take(src, kind, self._check_step(step), timeout_s)
         self._pacing.receive(msg.arrival_s)
-        return msg.arrays
+        return list(msg.arrays)  # a list of its own: an in-process message is shared by its destinations
 
     def recv_from_all(self, kind: str, *, step: int, timeout_s: float | None = None) -> dict[int, list[np.ndarray]]:
         """One (kind, step) message from every other rank: ``{src: arrays}`` in rank order."""
@@ -214,7 +218,7 @@ class ChargedComm(ABC):
         others = [s for s in range(self.world_size) if s != self.rank]
         msgs = self._take_from(others, kind, self._check_step(step), timeout_s)
         self._pacing.receive(max(m.arrival_s for m in msgs.values()))
-        return {s: msgs[s].arrays for s in others}
+        return {s: list(msgs[s].arrays) for s in others}  # lists of their own, as recv
 
     # ---- uncharged bookkeeping ---------------------------------------------------------------
     def meta_all_reduce(self, tensor: torch.Tensor) -> None:
@@ -318,7 +322,7 @@ class ChargedComm(ABC):
         arrays = [t if type(t) is np.ndarray and t.flags.c_contiguous else as_array(t) for t in tensors]
         return self._describe(kind, step, arrays)
 
-    def _post(self, out: Outgoing, dsts: list[int], wait: bool = True) -> None:
+    def _post(self, out: Outgoing, dsts: Sequence[int], wait: bool = True) -> None:
         marker = not out.payloads  # lock-step marker: see the module docstring
         targets, link_s = self._pacing.plan(out.nbytes, dsts, marker=marker)
         self._hand_over(out, targets, wait)

@@ -32,7 +32,7 @@ import pickle
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -238,15 +238,26 @@ class InProcessGroup:
 
     # ---- messages ------------------------------------------------------------------------------
     def _deliver(self, dst: int, msg: Incoming) -> None:
-        box = self._mailboxes[dst]
+        self._deliver_to((dst,), msg)
+
+    def _deliver_to(self, dsts: Iterable[int], msg: Incoming) -> None:
+        """``msg`` into the mailbox of each of ``dsts`` (one object shared by all: receivers get a
+        copy of its array list, and the arrays are read-only)."""
         key = (msg.src, msg.kind, msg.step)
-        with box.lock:  # cond's lock, entered without Condition's Python-level __enter__ (hot: P^2 per step)
-            q = box.queues.get(key)
-            if q is None:
-                q = box.queues[key] = deque()
-            q.append(msg)
-            if box.waiting:  # only its rank waits on a box: nobody waiting, nobody to wake
-                box.cond.notify_all()
+        boxes = self._mailboxes
+        for dst in dsts:
+            box = boxes[dst]
+            with box.lock:  # cond's lock, entered without Condition's Python-level __enter__ (hot: P^2 per step)
+                queues = box.queues
+                q = queues.get(key)
+                if q is None:
+                    queues[key] = msg  # the usual case: one message per (src, kind, step), no deque
+                elif type(q) is deque:
+                    q.append(msg)
+                else:
+                    queues[key] = deque((q, msg))
+                if box.waiting:  # only its rank waits on a box: nobody waiting, nobody to wake
+                    box.cond.notify_all()
 
     def _take(self, rank: int, srcs: list[int], kind: str, step: int, timeout_s: float) -> dict[int, Incoming]:
         """One (kind, step) message from each of ``srcs``, taken together once all are there (so a
@@ -256,18 +267,21 @@ class InProcessGroup:
         with box.cond:
             while True:
                 queues = [box.queues.get((s, kind, step)) for s in srcs]
-                if all(queues):
+                if None not in queues:  # every source has a message
                     got = {}
                     for s, q in zip(srcs, queues):
-                        assert q
-                        got[s] = q.popleft()
-                        if not q:
+                        if type(q) is deque:
+                            got[s] = q.popleft()
+                            if not q:
+                                del box.queues[(s, kind, step)]
+                        else:
+                            got[s] = q
                             del box.queues[(s, kind, step)]
                     return got
                 self._check_error()
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    missing = [s for s, q in zip(srcs, queues) if not q]
+                    missing = [s for s, q in zip(srcs, queues) if q is None]
                     raise CommTimeoutError(self._timeout_message(rank, box, missing, kind, step, timeout_s))
                 box.waiting += 1
                 try:
@@ -279,7 +293,7 @@ class InProcessGroup:
                          timeout_s: float) -> str:
         parts = []
         for s in missing:
-            queued = sorted((k, st) for (src, k, st), q in box.queues.items() if src == s and q)
+            queued = sorted((k, st) for (src, k, st) in box.queues if src == s)
             have = (f"; queued from it: {', '.join(f'{k}@{st}' for k, st in queued[:8])}"
                     f"{' ...' if len(queued) > 8 else ''}") if queued else "; nothing else queued from it"
             parts.append(f"{self._describe(s)}{have}")
@@ -316,7 +330,8 @@ class _Mailbox:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)
-        self.queues: dict[tuple[int, str, int], deque[Incoming]] = {}
+        self.queues: dict[tuple[int, str, int], Incoming | deque[Incoming]] = {}
+        """A key's one message, or a deque of its messages when several wait (never empty)."""
         self.waiting = 0
         """Threads in ``cond.wait`` now (changed under ``cond``): a delivery notifies only when > 0."""
 
@@ -402,9 +417,14 @@ class InProcessComm(ChargedComm):
             if remote:
                 g.cross.send(self.rank, out, remote)
                 targets = [t for t in targets if t[0] in g.hosted]
-        deliver, src, kind, step, payloads, nbytes = g._deliver, self.rank, out.kind, out.step, out.payloads, out.nbytes
+        src, kind, step, payloads, nbytes = self.rank, out.kind, out.step, out.payloads, out.nbytes
+        if not self._timed or not out.payloads:  # --wan off, or a marker: one arrival time, delivered now
+            if targets:
+                g._deliver_to([t[0] for t in targets], Incoming(src, kind, step, targets[0][1], payloads, nbytes))
+            return
+        deliver = g._deliver
         for dst, arrival_s, release_at in targets:
-            msg = Incoming(src, kind, step, arrival_s, list(payloads), nbytes)
+            msg = Incoming(src, kind, step, arrival_s, payloads, nbytes)
             if release_at is None:
                 deliver(dst, msg)
             else:

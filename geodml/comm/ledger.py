@@ -34,6 +34,9 @@ class Ledger:
         self.rank = rank
         self.region_of_rank = region_of_rank if isinstance(region_of_rank, list) else list(region_of_rank)  # shared
         self.links: dict[tuple[str, str, str], LinkTotals] = defaultdict(LinkTotals)
+        self._counted: tuple[tuple[int, ...], list[tuple[str, int]]] = ((), [])
+        """charge_each's last tuple of destinations (held, so its id cannot be reused) and its
+        destinations per region: a Comm passes the same tuple for every send to all."""
 
     def charge(self, dst_rank: int, kind: str, num_bytes: int, *, messages: int = 1, emulated_s: float = 0.0) -> None:
         """Charge ``num_bytes`` sent by this rank to ``dst_rank`` as ``kind``."""
@@ -54,7 +57,12 @@ class Ledger:
         assert num_bytes >= 0
         regions = self.region_of_rank
         src = regions[self.rank]
-        for region, n in Counter(regions[d] for d in dst_ranks).items():
+        last, counts = self._counted
+        if dst_ranks is not last:
+            counts = list(Counter(regions[d] for d in dst_ranks).items())
+            if type(dst_ranks) is tuple:
+                self._counted = (dst_ranks, counts)
+        for region, n in counts:
             t = self.links[(src, region, kind)]
             t.bytes += n * int(num_bytes)
             t.messages += n
