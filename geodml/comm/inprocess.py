@@ -252,7 +252,7 @@ class InProcessGroup:
                 q = queues.get(key)
                 if q is None:
                     queues[key] = msg  # the usual case: one message per (src, kind, step), no deque
-                elif type(q) is deque:
+                elif isinstance(q, deque):
                     q.append(msg)
                 else:
                     queues[key] = deque((q, msg))
@@ -268,13 +268,14 @@ class InProcessGroup:
             while True:
                 queues = [box.queues.get((s, kind, step)) for s in srcs]
                 if None not in queues:  # every source has a message
-                    got = {}
+                    got: dict[int, Incoming] = {}
                     for s, q in zip(srcs, queues):
-                        if type(q) is deque:
+                        if isinstance(q, deque):
                             got[s] = q.popleft()
                             if not q:
                                 del box.queues[(s, kind, step)]
                         else:
+                            assert q is not None
                             got[s] = q
                             del box.queues[(s, kind, step)]
                     return got
