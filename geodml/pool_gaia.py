@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from geodml import kernels
 from geodml.pool import EveryStepPool, no_sample_weights
 
 if TYPE_CHECKING:
@@ -56,6 +57,7 @@ class GaiaPool(EveryStepPool):
         self.V = torch.zeros((h, n), dtype=flat.data.dtype)
         self.sent_total = np.zeros(h, dtype=np.int64)                    # per-partition Gaia statistics
         self.last0 = (0, False, 0)  # partition 0's last (sent entries, dense, total): its stats() at log time
+        self._rows_np = self.W.numpy() if kernels.compiled is not None else None  # W's storage, for the kernel
 
     def _stats(self) -> dict[str, float]:
         g = self.gaia
@@ -103,11 +105,20 @@ class GaiaPool(EveryStepPool):
 
     def _apply_received(self, step: int) -> None:
         """Lines 13-15 for every hosted partition: each receives (its Comm's recv_from_all), then
-        sender by sender in rank order, the sender's update is decoded once and added to the rows of
-        every hosted partition but the sender's own, in at most two calls (rows before it, rows
-        after it). Each row gets the updates in rank order, as Gaia.apply_received adds them."""
+        every row gets every other partition's update in rank order, as Gaia.apply_received adds
+        them: with the compiled kernels (geodml/_kernels.c ``gaia_add_rows``) row by row, so a row
+        stays in cache while the P - 1 updates are added to it; otherwise sender by sender, each
+        update decoded once and added to the rows of every hosted partition but the sender's own
+        in at most two torch calls (rows before it, rows after it). The same additions in the
+        same order per entry: the same bits (tests/test_kernels.py, tests/test_pool.py)."""
         received = [self.comm(k).recv_from_all("update", step=step) for k in self.hosted]
         h, start = len(self.hosted), self.hosted.start
+        if self._rows_np is not None:
+            updates = received[0]                  # every partition's update but the first row's own
+            own = received[1][start] if h > 1 else []
+            kernels.compiled.gaia_add_rows(self._rows_np, start, [own if s == start else updates[s]
+                                                                  for s in range(self.P)])
+            return
         for src in range(self.P):
             j = src - start                        # the sender's row, when it is hosted here
             if 0 <= j < h:
