@@ -194,12 +194,14 @@ class Gaia(Algorithm):
         self.steps_done += 1
         if self.ctx.world_size == 1:
             return
-        if dense:
-            payload = [self.vals]
-        elif n:
-            payload = [self.idx32, self.vals]
-        else:
+        payload: list[torch.Tensor] | list[np.ndarray]
+        if not (dense or n):
             payload = []  # nothing significant: an empty message (envelope only) keeps peers in step
+        elif self._np is not None:  # on the CPU, NumPy views of the same buffers: no tensor conversions per send
+            vals, idx32 = self._np[5], self._np[6]
+            payload = [vals] if dense else [idx32[:n], vals[:n]]
+        else:
+            payload = [self.vals] if dense else [self.idx32, self.vals]
         self.comm.send_to_all("update", payload, step=step)
 
     def apply_received(self, w: torch.Tensor, received: dict[int, list[np.ndarray]]) -> None:

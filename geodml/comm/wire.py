@@ -38,6 +38,7 @@ import hmac
 import math
 import re
 import struct
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -97,7 +98,7 @@ class Outgoing:
     def envelope(self, arrival_s: float) -> bytes:
         if arrival_s == 0.0 and self.envelope0:
             return self.envelope0
-        return msgpack.packb([PROTOCOL_VERSION, self.kind, self.step, self.src, float(arrival_s), self.descs])
+        return _pack([PROTOCOL_VERSION, self.kind, self.step, self.src, float(arrival_s), self.descs])
 
 
 class Incoming:
@@ -108,6 +109,21 @@ class Incoming:
     def __init__(self, src: int, kind: str, step: int, arrival_s: float, arrays: list[np.ndarray], nbytes: int) -> None:
         self.src, self.kind, self.step, self.arrival_s = src, kind, step, arrival_s
         self.arrays, self.nbytes = arrays, nbytes
+
+
+_packers = threading.local()
+
+
+def _pack(obj: object) -> bytes:
+    """``msgpack.packb(obj)`` with this thread's Packer, kept: packb builds a Packer whose buffer
+    (256 KiB) is allocated and freed on every call, which in a training process (a large,
+    trimmed heap) page-faults it in again each time: 124 us per envelope in a Gaia pool step,
+    against 0.4 us here (docs/performance.md, "Python per message")."""
+    try:
+        packer = _packers.packer
+    except AttributeError:
+        packer = _packers.packer = msgpack.Packer()
+    return packer.pack(obj)
 
 
 def describe(kind: str, step: int, src: int, arrays: Sequence[np.ndarray], *,
@@ -129,7 +145,7 @@ def describe(kind: str, step: int, src: int, arrays: Sequence[np.ndarray], *,
         nbytes += a.nbytes
     if len(payloads) > MAX_ARRAYS:
         raise ValueError(f"a message carries at most {MAX_ARRAYS} arrays, got {len(payloads)}")
-    envelope0 = msgpack.packb([PROTOCOL_VERSION, kind, step, src, 0.0, descs])
+    envelope0 = _pack([PROTOCOL_VERSION, kind, step, src, 0.0, descs])
     size = len(envelope0) + nbytes
     if size + TRAILER_BYTES > max_message_bytes:
         raise ValueError(f"a {kind!r} message of {size} B is larger than the maximum message size "
@@ -140,7 +156,7 @@ def describe(kind: str, step: int, src: int, arrays: Sequence[np.ndarray], *,
 def envelope_nbytes(kind: str, step: int, src: int, arrays: Sequence[np.ndarray]) -> int:
     """Size of the msgpack envelope of a message (what ``Outgoing.nbytes`` adds to the payload)."""
     descs = [[a.dtype.str, list(a.shape)] for a in arrays]
-    return len(msgpack.packb([PROTOCOL_VERSION, kind, step, src, 0.0, descs]))
+    return len(_pack([PROTOCOL_VERSION, kind, step, src, 0.0, descs]))
 
 
 def as_array(x: object) -> np.ndarray:
