@@ -142,6 +142,20 @@ def test_gaia_and_dgc_pools_equal_threads_bit_for_bit(name, tmp_path):
 
 
 @pytest.mark.integration
+def test_gaia_pool_without_the_c_kernels_equals_with_them(tmp_path, monkeypatch):
+    """GEODML_NO_KERNELS's path (NumPy selection, received updates added sender by sender with
+    torch) against the compiled one (fused selection, gaia_add_rows row by row): the same run."""
+    from geodml import kernels
+    if kernels.compiled is None:
+        pytest.fail(f"geodml._kernels is not built: {kernels.UNAVAILABLE_REASON}")
+    argv = [*EVERY_STEP_BASE, *EVERY_STEP_CONFIGS["gaia-sparse"], "--engine", "pool"]
+    assert main([*argv, "--out", str(tmp_path / "c")]) == 0
+    monkeypatch.setattr(kernels, "compiled", None)
+    assert main([*argv, "--out", str(tmp_path / "torch")]) == 0
+    _same_run(tmp_path / "c", tmp_path / "torch")
+
+
+@pytest.mark.integration
 def test_pool_on_two_processes_equals_one(tmp_path, monkeypatch):
     _two_processes_equal_one([*BASE, *CONFIGS["sampled-fedavgm-fedprox"], "--engine", "auto"], tmp_path, monkeypatch)
 

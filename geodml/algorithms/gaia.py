@@ -198,8 +198,8 @@ class Gaia(Algorithm):
         if not (dense or n):
             payload = []  # nothing significant: an empty message (envelope only) keeps peers in step
         elif self._np is not None:  # on the CPU, NumPy views of the same buffers: no tensor conversions per send
-            vals, idx32 = self._np[5], self._np[6]
-            payload = [vals] if dense else [idx32[:n], vals[:n]]
+            *_, vals_np, idx_np = self._np
+            payload = [vals_np] if dense else [idx_np[:n], vals_np[:n]]
         else:
             payload = [self.vals] if dense else [self.idx32, self.vals]
         self.comm.send_to_all("update", payload, step=step)

@@ -117,8 +117,8 @@ _packers = threading.local()
 def _pack(obj: object) -> bytes:
     """``msgpack.packb(obj)`` with this thread's Packer, kept: packb builds a Packer whose buffer
     (256 KiB) is allocated and freed on every call, which in a training process (a large,
-    trimmed heap) page-faults it in again each time: 124 us per envelope in a Gaia pool step,
-    against 0.4 us here (docs/performance.md, "Python per message")."""
+    trimmed heap) page-faults it in again each time: 124 us per envelope in a profiled Gaia pool
+    step, about 16 us with the kept Packer (docs/performance.md, "Python per message")."""
     try:
         packer = _packers.packer
     except AttributeError:
