@@ -495,6 +495,12 @@ class RunConfig:
     seed: int = opt(0, help="seed of every generator (partitioning, init, minibatch order)")
     eval_every: int = opt(100, help="validate the global model on the whole test set every this many steps "
                           "(and at the end)")
+    partition_eval_examples: int | None = opt(
+        None, metavar="N", help="score each partition's own final model (summary.json's per_rank_val_accuracy) on N "
+        "test examples drawn without replacement from the run's seed (the same N for every partition, process count and "
+        "engine) instead of the whole test set: where partitions hold different models (gaia, dgc, local) the final "
+        "evaluation is one test-set pass per partition. The global model is always scored on the whole test set",
+        default_text="the whole test set")
     out: str | None = opt(None, help="run directory", default_text="runs/<timestamp>-<algo>")
     backend: str = opt("auto", choices=BACKENDS, help="torch.distributed backend; auto: nccl if CUDA is available, "
                        "else gloo")
@@ -530,6 +536,10 @@ class RunConfig:
                f"--seed must be a non-negative integer, got {self.seed!r}")
         _check(isinstance(self.eval_every, int) and self.eval_every >= 1,
                f"--eval-every must be an integer >= 1, got {self.eval_every!r}")
+        _check(self.partition_eval_examples is None
+               or (isinstance(self.partition_eval_examples, int) and not isinstance(self.partition_eval_examples, bool)
+                   and self.partition_eval_examples >= 1),
+               f"--partition-eval-examples must be an integer >= 1, got {self.partition_eval_examples!r}")
         _check(isinstance(self.log_every, int) and self.log_every >= 1,
                f"--log-every must be an integer >= 1, got {self.log_every!r}")
         _check(self.backend in BACKENDS, f"--backend: choose one of {', '.join(BACKENDS)}, got {self.backend!r}")

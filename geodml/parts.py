@@ -66,6 +66,9 @@ class Preflight:
     """Every partition's training-set indices, computed from the seed (identical on every rank)."""
     data_s: float = 0.0
     """Seconds the preflight spent decoding and partitioning (reported as the start-up's ``data_s``)."""
+    own_eval_indices: torch.Tensor | None = None
+    """The test rows each partition's own final model is scored on (``--partition-eval-examples``;
+    None: all of them; geodml.trainer.partition_eval_indices)."""
 
 
 class Startup:
@@ -281,7 +284,7 @@ def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: 
 
     t = tensors or DeviceData.of(ds, device)
     data = TrainData(train_x=t.train_x, train_y=t.train_y, test_x=t.test_x, test_y=t.test_y,
-                     local_indices=parts[rank])
+                     local_indices=parts[rank], own_eval_indices=pre.own_eval_indices)
     skewscout = None
     if cfg.skewscout.enabled:
         from geodml.skewscout import ModelTraveler, SkewScout

@@ -174,6 +174,7 @@ class Pool:
         self.algo: FedAvg = build_algorithm(cfg, flat=flat, comm=group.comm(self.hosted.start), ctx=self.ctx)  # type: ignore[assignment]
         self.w = _Worker(model, flat, ds.train_x, ds.train_y, cfg.optim)
         self.test_x, self.test_y = ds.test_x, ds.test_y
+        self.own_eval_indices = pre.own_eval_indices  # the test rows of each partition's own final score (None: all)
         self.samplers = {k: BatchSampler(pre.partitions[k], cfg.optim.batch_size, cfg.seed, k) for k in self.hosted}
         self.local_indices = {k: pre.partitions[k] for k in self.hosted}
         n, nb = flat.numel, self.w.nbuf
@@ -514,9 +515,15 @@ class Pool:
         return {"final": final, "per_rank_val_accuracy": [v for v, _ in per_rank],
                 "per_rank_train_accuracy": [t for _, t in per_rank]}
 
+    @property
+    def own_eval_count(self) -> int:
+        """How many test examples each partition's own final model is scored on."""
+        return len(self.test_y) if self.own_eval_indices is None else len(self.own_eval_indices)
+
     def _evaluate_partitions(self, states: dict[int, tuple[object, torch.Tensor]]
                              ) -> tuple[dict[object, float], dict[int, float]]:
-        """Each hosted partition's final model on the whole test set (once per distinct model) and on
+        """Each hosted partition's final model on the test set (or the rows ``--partition-eval-examples``
+        picks; once per distinct model) and on
         its own training data, as the threads engine's partitions evaluate them: on up to
         ``os.cpu_count()`` threads at once (geodml.trainer's evaluation slots), each with a model of
         its own into which a partition's state is loaded. The same weights give the same bits
@@ -545,10 +552,11 @@ class Pool:
                 models.put(m)
 
         with ThreadPoolExecutor(max_workers=min(_CORES, jobs), thread_name_prefix="geodml-eval") as ex:
-            val = {r: ex.submit(on_a_model, state, self.test_x, self.test_y, None) for r, state in distinct.items()}
+            rows = self.own_eval_indices
+            val = {r: ex.submit(on_a_model, state, self.test_x, self.test_y, rows) for r, state in distinct.items()}
             local = {k: torch.from_numpy(self.local_indices[k]) for k in states}
             train = {k: ex.submit(on_a_model, states[k][1], self.w.train_x, self.w.train_y, local[k]) for k in states}
-            own_val = {r: f.result() / len(self.test_y) for r, f in val.items()}
+            own_val = {r: f.result() / self.own_eval_count for r, f in val.items()}
             train_acc = {k: f.result() / len(local[k]) for k, f in train.items()}
         return own_val, train_acc
 

@@ -53,6 +53,7 @@ def preflight(cfg: RunConfig, env: Env, *, data: bool = True) -> Preflight:
     from geodml.comm.topology import load_topology
     from geodml.data.datasets import check_dataset_available
     from geodml.runtime import resolve_backend
+    from geodml.trainer import partition_eval_indices
 
     partitions = check_partitions(cfg, env)
     backend = resolve_backend(cfg.backend, env.local_world_size, hosting_device(cfg, partitions, env.world_size))
@@ -70,9 +71,10 @@ def preflight(cfg: RunConfig, env: Env, *, data: bool = True) -> Preflight:
         return Preflight(backend=backend, topology=topology, region_of_rank=regions, dataset=None, partitions=[])
     t0 = time.monotonic()
     dataset, parts = _load_and_partition(cfg, partitions)
+    own_eval = partition_eval_indices(len(dataset.test_y), cfg.partition_eval_examples, cfg.seed)
     rundir.check_not_crashed(cfg.out, resume=resume_requested(cfg))
     return Preflight(backend=backend, topology=topology, region_of_rank=regions, dataset=dataset, partitions=parts,
-                     data_s=time.monotonic() - t0)
+                     data_s=time.monotonic() - t0, own_eval_indices=own_eval)
 
 
 def check_partitions(cfg: RunConfig, env: Env) -> int:

@@ -185,6 +185,7 @@ def make_summary(cfg: RunConfig, *, world_size: int, result: Mapping[str, Any], 
         "final_model": "global" if algo.models_agree or algo.global_model_rank is not None else "average_of_weights",
         "per_rank_val_accuracy": result["per_rank_val_accuracy"],
         "per_rank_train_accuracy": result["per_rank_train_accuracy"],
+        "per_rank_val_examples": cfg.partition_eval_examples,  # null: the whole test set
         "final_val_loss": final["val_loss"],
         "final_train_loss": final["train_loss"],
         **totals,
@@ -228,6 +229,9 @@ def done_text(summary: Mapping[str, Any], out: Path) -> str:
         ordered = sorted(per)
         shown = (f"per partition min {ordered[0]:.3f}, median {ordered[len(ordered) // 2]:.3f}, max {ordered[-1]:.3f} "
                  f"over {len(per)}")
+    scored = summary.get("per_rank_val_examples")  # null (or absent, before it existed): the whole test set
+    if scored is not None:
+        shown += f" on {scored:,} test examples"
     return (f"done: final val accuracy {summary['final_val_accuracy']:.4f} ({summary['final_model']} model; "
             f"{shown}), "
             f"WAN bytes {human_bytes(summary['wan_bytes_total'])} ({summary['wan_bytes_total']:,} B), "

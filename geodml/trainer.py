@@ -123,6 +123,20 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 10
     return correct, loss_sum
 
 
+def partition_eval_indices(test_examples: int, examples: int | None, seed: int) -> torch.Tensor | None:
+    """The test rows each partition's own final model is scored on (``--partition-eval-examples``):
+    None for the whole test set, else ``examples`` distinct rows in ascending order, drawn by a
+    generator seeded with the run's seed alone, so every partition, process count and engine of a
+    run scores on the same rows. Pure: the same arguments give the same rows."""
+    if examples is None:
+        return None
+    if not 1 <= examples <= test_examples:
+        raise ValueError(f"--partition-eval-examples {examples}: the test set has {test_examples} examples; "
+                         f"choose 1 to {test_examples}, or leave it out for the whole test set")
+    rows = np.random.default_rng([seed, 0xE7A1]).choice(test_examples, size=examples, replace=False)
+    return torch.from_numpy(np.sort(rows))
+
+
 class EvalCache:
     """Results of evaluating a model on the test set, by the exact bytes of its weights and
     buffers, shared by the partitions one process hosts: partitions that hold the same model
@@ -141,7 +155,10 @@ class EvalCache:
             h.update(t.detach().cpu().contiguous().numpy().tobytes())
         return h.digest()
 
-    def evaluate(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[int, float]:
+    def evaluate(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                 indices: torch.Tensor | None = None) -> tuple[int, float]:
+        """evaluate(model, x, y, indices=indices), once per distinct model: one cache serves one
+        (x, y, indices), the run's final evaluation."""
         key = self.key(model)
         while True:
             with self._lock:
@@ -153,7 +170,7 @@ class EvalCache:
                     break
             pending.wait()
         try:
-            result = evaluate(model, x, y)
+            result = evaluate(model, x, y, indices=indices)
             with self._lock:
                 self._results[key] = result
             return result
@@ -185,6 +202,9 @@ class TrainData:
     test_y: torch.Tensor
     local_indices: np.ndarray
     """This partition's training-set indices."""
+    own_eval_indices: torch.Tensor | None = None
+    """The test rows this partition's own final model is scored on (:func:`partition_eval_indices`;
+    None: all of them)."""
 
 
 @dataclass(frozen=True)
@@ -252,6 +272,7 @@ class Trainer:
         self.eval_cache = eval_cache  # shared by the partitions of one process (geodml.run hosts them)
         self.model, self.flat, self.algo, self.comm, self.optim = model, flat, algo, comm, schedule.optim
         self.train_x, self.train_y, self.test_x, self.test_y = data.train_x, data.train_y, data.test_x, data.test_y
+        self.own_eval_indices = None if data.own_eval_indices is None else data.own_eval_indices.to(data.test_x.device)
         self.sampler = BatchSampler(data.local_indices, schedule.optim.batch_size, schedule.seed, self.rank,
                                     labels=data.train_y[torch.as_tensor(data.local_indices)].cpu().numpy())
         self.total_steps, self.spe = schedule.total_steps, schedule.steps_per_epoch
@@ -424,13 +445,15 @@ class Trainer:
 
     def _finish(self, lr: float) -> dict:
         final = self._log(lr, with_eval=True)
-        # Each partition's own model: on the whole test set, and on its own training data.
+        # Each partition's own model: on the test set (or --partition-eval-examples of it), and on its own training data.
+        rows = self.own_eval_indices
         if self.eval_cache is not None:
-            own_correct, _ = self.eval_cache.evaluate(self.model, self.test_x, self.test_y)
+            own_correct, _ = self.eval_cache.evaluate(self.model, self.test_x, self.test_y, rows)
         else:
-            own_correct, _ = evaluate(self.model, self.test_x, self.test_y)
+            own_correct, _ = evaluate(self.model, self.test_x, self.test_y, indices=rows)
         local = torch.from_numpy(self.sampler.indices).to(self.train_x.device)
         train_correct, _ = evaluate(self.model, self.train_x, self.train_y, indices=local)
-        per_rank = self.comm.meta_all_gather_object((own_correct / len(self.test_y), train_correct / len(local)))
+        scored = len(self.test_y) if rows is None else len(rows)
+        per_rank = self.comm.meta_all_gather_object((own_correct / scored, train_correct / len(local)))
         return {"final": final, "per_rank_val_accuracy": [v for v, _ in per_rank],
                 "per_rank_train_accuracy": [t for _, t in per_rank]}

@@ -224,6 +224,11 @@ CASES = [
     ("out-read-only", lambda t: ["--out", "/sys/geodml-test-run"], "cannot be written: /sys is not writable"),
     ("out-crashed-run", _crashed, "holds an unfinished run (config.json and metrics.jsonl, no summary.json, no checkpoint)"),
     ("partitions-zero", lambda t: ["--partitions", "0"], "--partitions must be an integer >= 1"),
+    ("partition-eval-examples-zero", lambda t: ["--partition-eval-examples", "0"],
+     "--partition-eval-examples must be an integer >= 1, got 0"),
+    # digits holds 359 test examples: found once decoded, still before any process group
+    ("partition-eval-examples-beyond-the-test-set", lambda t: ["--partition-eval-examples", "360"],
+     "--partition-eval-examples 360: the test set has 359 examples; choose 1 to 359"),
     ("vmap-without-pool", lambda t: ["--algo", "fedavg", "--partitions", "3", "--engine", "threads", "--vmap"],
      "--vmap needs the pool engine, which this run does not use: --engine threads"),
     ("vmap-not-fedavg", lambda t: ["--partitions", "3", "--vmap"],

@@ -162,6 +162,51 @@ def test_evaluate_on_indices_equals_evaluate_on_the_copied_subset():
     assert evaluate(model, x, y, batch=50, indices=idx)[0] > 0
 
 
+def test_partition_eval_rows_are_a_seeded_sample_of_the_test_set():
+    """--partition-eval-examples N: N distinct test rows in ascending order, the same for the same
+    seed, others for another seed; all of them is allowed, more is an input error naming the size."""
+    from geodml.trainer import partition_eval_indices
+    assert partition_eval_indices(359, None, 0) is None
+    rows = partition_eval_indices(359, 100, 0)
+    assert rows is not None and len(rows) == 100 and len(set(rows.tolist())) == 100
+    assert rows.tolist() == sorted(rows.tolist()) and 0 <= int(rows[0]) and int(rows[-1]) < 359
+    assert torch.equal(rows, partition_eval_indices(359, 100, 0))
+    assert not torch.equal(rows, partition_eval_indices(359, 100, 1))
+    whole = partition_eval_indices(359, 359, 3)
+    assert whole is not None and whole.tolist() == list(range(359))
+    with pytest.raises(ValueError, match="the test set has 359 examples; choose 1 to 359"):
+        partition_eval_indices(359, 360, 0)
+
+
+@pytest.mark.parametrize("engine", ["threads", "pool"])
+def test_partition_eval_examples_score_each_own_model_on_those_rows_and_the_global_on_all(engine, tmp_path):
+    """Gaia's six partitions hold six different models. With --partition-eval-examples 100 each
+    partition's summary accuracy is its saved model's accuracy on the 100 seeded rows, recomputed
+    here with a plain forward pass; the global model is still scored on all 359 test examples."""
+    from geodml.data.datasets import load_dataset
+    from geodml.models import build_model
+    from geodml.trainer import partition_eval_indices
+    out = tmp_path / engine
+    argv = [*BASE, *ALGOS["gaia-skewscout"][:4], "--steps", "12", "--seed", "3", "--engine", engine,
+            "--partition-eval-examples", "100", "--out", str(out)]
+    assert main(argv) == 0
+    s = _load(out)
+    assert s["per_rank_val_examples"] == 100
+    ds = load_dataset("digits", None, seed=3)
+    rows = partition_eval_indices(len(ds.test_y), 100, 3)
+    model = build_model("cnn", "none", ds.input_shape, ds.num_classes, generator_seed=3)
+
+    def accuracy(path, x, y):
+        model.load_state_dict(torch.load(path))
+        with torch.no_grad():
+            return float((model.eval()(x).argmax(1) == y).double().mean())
+
+    want = [accuracy(out / f"rank{k}" / "model.pt", ds.test_x[rows], ds.test_y[rows]) for k in range(6)]
+    assert len(set(want)) > 1  # the partitions' models differ, so this checks which model got which score
+    assert s["per_rank_val_accuracy"] == pytest.approx(want, abs=1e-12)
+    assert s["final_val_accuracy"] == pytest.approx(accuracy(out / "model.pt", ds.test_x, ds.test_y), abs=1e-12)
+
+
 @pytest.mark.integration
 def test_hosted_partitions_sigkill_restart_and_resume_equal_one_uninterrupted_process(tmp_path, monkeypatch):
     """P = 6 on R = 2: SIGKILL the process hosting partition 4 after step 23 (checkpoints every 10)

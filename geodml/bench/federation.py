@@ -82,12 +82,17 @@ def measure(cfg: Config, steps: int, workdir: Path, dataset: str, model: str, de
     """(partition-steps per second, summed peak memory of the processes in bytes: RSS on the CPU,
     allocated GPU memory with ``device`` cuda) of one run."""
     from geodml.comm.crossproc import process_of
+    from geodml.data.datasets import load_dataset
+    eval_examples = min(1000, len(load_dataset(dataset, None, seed=0).test_y))
     log_every = ITER_LOCAL if cfg.algo == "fedavg" else 10
     # one window more: run_geodml times the windows between log lines, and the last line, which
     # carries the final evaluation, is not one of them
     t = run_geodml(cfg.processes, cfg.algo, steps + log_every, workdir, model=model, dataset=dataset,
                    batch_size=BATCH, log_every=log_every,
-                   extra=(*cfg.flags(), "--partitions", str(cfg.partitions), "--device", device),
+                   # each partition's own final score on at most 1,000 test examples: Gaia's and DGC's P
+                   # distinct models would otherwise take a whole test-set pass each (~10 min at P = 100), untimed
+                   extra=(*cfg.flags(), "--partitions", str(cfg.partitions), "--device", device,
+                          "--partition-eval-examples", str(eval_examples)),
                    timeout_s=3600.0)  # 10,000 clients of LeNet take ~15 min on 2 cores
     assert t.out is not None
     owner = process_of(cfg.partitions, cfg.processes)
