@@ -366,8 +366,11 @@ def test_estimates_count_the_final_per_partition_evaluations(tmp_path):
     run = hsu.plan_2019_tuning(args)[0]
     assert run.client_steps == 800 * 40  # 100 rounds x 8 steps x 40 participants
     d = hsu.distinct_snapshots(100, 40, 100, 0)
-    # 10 periodic evaluations (every 80 of 800 steps, the last one the final) + d partition models on 10,000 test
-    # images, and every partition's model on its own 500 examples
-    assert run.eval_images == (10 + d) * 10_000 + 100 * 500
+    # 10 periodic evaluations (every 80 of 800 steps, the last one the final) on 10,000 test images + d partition
+    # models on 500 of them (--partition-eval-examples, in every run's flags), and every partition's model on its
+    # own 500 examples
+    assert run.eval_images == 10 * 10_000 + d * 500 + 100 * 500
+    flags = list(run.spec.argv)
+    assert flags[flags.index("--partition-eval-examples") + 1] == "500"
     train, evals = hsu.core_seconds(args, [run])
     assert train == pytest.approx(32_000 * 0.22) and evals == pytest.approx(run.eval_images / 10_000 * 20.0)
