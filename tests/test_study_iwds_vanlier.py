@@ -14,6 +14,7 @@ import torch
 
 from geodml.data.datasets import Dataset
 from geodml.study import STUDIES, common, iwds, runner, vanlier
+from geodml.study.common import StudyError
 from geodml.study.runner import RunResult
 
 
@@ -274,7 +275,8 @@ def test_iwds_report_by_hand(tmp_path, capsys):
     assert "| FedAvg | LDA 0.5 | 81.0 +- 1.4% | 81.0 +- 0.0% | +0.0 pp | 72.9% | 3 | 2 |" in md
     assert ("**supported**. T = 63.9%: IWDS round 3 vs uniform not reached; final IWDS 71.0 +- 1.4% vs uniform "
             "61.0 +- 1.4% (+10.0 pp, beyond the seed sd 1.4 pp)") in md
-    assert "| fedavg-iwds-llt-0.9-s1 | FedAvg | iwds | LLT 0.9 | longtail --tail 0.9 | 1 | 0.7200 | 60.0% | 3 | reused |" in md
+    assert ("| fedavg-iwds-llt-0.9-s1 | FedAvg | iwds | LLT 0.9 | longtail --tail 0.9 | 1 | 0.7200 | 0.7200 | 60.0% | 3 "
+            "| reused |") in md
     assert "**supported**" in out  # the evidence is printed too
     with open(tmp_path / "s" / "iwds.csv") as f:
         rows = {r["run_id"]: r for r in csv.DictReader(f)}
@@ -286,6 +288,35 @@ def test_iwds_report_by_hand(tmp_path, capsys):
     assert [c["sampler"] for c in cells] == ["uniform", "iwds", "uniform", "iwds"] and cells[1]["verdict"] == "supported"
     for png in ("curves.png", "final.png"):
         assert (tmp_path / "s" / png).read_bytes()[:8] == PNG
+
+
+def test_iwds_final_accuracy_over_the_last_rounds_by_hand(tmp_path):
+    """--final-rounds 2: a run's final accuracy is the mean of its last two rounds, and the claims
+    use it; the last round alone is reported beside it."""
+    fake_iwds(tmp_path)
+    args, runs = iwds.prepare([*IWDS_ARGV, "--out", str(tmp_path / "s"), "--final-rounds", "2"])
+    rep = iwds.build_report(args, runs, [RunResult(r.spec, "reused", summary=runner.read_summary(r.spec.out),
+                                                   returncode=0) for r in runs])
+    llt, lda = rep["cells"]
+    u, i = llt["uniform"], llt["iwds"]
+    # LLT uniform: (0.5 + 0.60) / 2 = 0.55 and (0.5 + 0.62) / 2 = 0.56; IWDS: 0.70 and (0.68 + 0.72) / 2 = 0.70
+    assert u["final_mean"] == pytest.approx(0.555) and u["final_sd"] == pytest.approx(0.00707106781)
+    assert i["final_mean"] == pytest.approx(0.70) and i["final_sd"] == pytest.approx(0.0, abs=1e-12)
+    assert i["last_round_mean"] == pytest.approx(0.71) and u["last_round_mean"] == pytest.approx(0.61)
+    # T = 0.9 x 0.70 = 0.63: the IWDS seed-mean curve (0.45, 0.6, 0.69, 0.71) reaches it at round 3, uniform never
+    assert u["target"] == pytest.approx(0.63) and i["rounds_to_target"] == 3 and u["rounds_to_target"] is None
+    assert llt["claim"]["verdict"] == "supported" and llt["claim"]["final_diff"] == pytest.approx(0.145)
+    assert "the last round alone: IWDS 71.0 +- 1.4% vs uniform 61.0 +- 1.4% (+10.0 pp)" in llt["claim"]["evidence"]
+    # LDA: 0.80, 0.81 against 0.805, 0.805: T = 0.7245, uniform round 3 (0.8), IWDS round 2 (0.75)
+    assert lda["claim"]["final_diff"] == pytest.approx(0.0, abs=1e-12) and lda["iwds"]["rounds_to_target"] == 2
+    assert lda["uniform"]["rounds_to_target"] == 3 and lda["claim"]["verdict"] == "supported"
+    md = iwds.format_markdown(rep)
+    assert "a run's final accuracy is the mean of its last 2 round(s)" in md
+    assert "| fedavg-iwds-llt-0.9-s1 | FedAvg | iwds | LLT 0.9 | longtail --tail 0.9 | 1 | 0.7000 | 0.7200 |" in md
+    for bad in ("0", "5"):
+        with pytest.raises(StudyError, match=r"--final-rounds must be in 1\.\.4"):
+            iwds.parse([*IWDS_ARGV, "--final-rounds", bad])
+    assert iwds.parse(["--budget", "full"]).final_rounds == 10 and iwds.parse(IWDS_ARGV).final_rounds == 1
 
 
 def test_iwds_failed_run_is_excluded_and_verdicts_follow(tmp_path):
