@@ -98,7 +98,7 @@ class DGCPool(EveryStepPool):
             dgc.before_step(step, lr)
             if k == 0:
                 self.stats_state.update(paths=dgc.paths, total_sent=dgc.total_sent)
-                first = (dgc.last_sent, dgc.sent_dense, dgc.sparsity)
+                first = dgc.wire_state()
             if single:  # its block is in no other hosted partition's mailbox
                 self.own_block = dgc.sent_block()
             self._count(k, loss, correct)
@@ -109,9 +109,8 @@ class DGCPool(EveryStepPool):
             a = self.hosted.start
             blocks[a] = received[1][a] if len(self.hosted) > 1 else self.own_block
         dgc.apply_blocks(step, blocks, own=None if self.P > 1 else 0)
-        dgc._sent_idx = None
         if first is not None:  # partition 0's residual (Appendix G) and statistics, as its Trainer logs them
             dgc.v, dgc.paths, dgc.total_sent = self.V[0], self.stats_state["paths"], self.stats_state["total_sent"]
-            dgc.last_sent, dgc._dense, dgc.sparsity = first
+            dgc.restore_wire_state(first)
             dgc.record_residual(step)
             self.stats0 = dgc.stats()

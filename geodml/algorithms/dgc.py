@@ -286,7 +286,6 @@ class DGC(Algorithm):
         """
         received = self.comm.recv_from_all(self.KIND, step=step) if self.ctx.world_size > 1 else {}
         self.apply_blocks(step, received, own=self.ctx.rank)
-        self._sent_idx = None
         self.record_residual(step)
 
     def sent_block(self) -> list[np.ndarray]:
@@ -302,10 +301,20 @@ class DGC(Algorithm):
         """Whether the last ``before_step`` sent its block dense."""
         return self._dense
 
+    def wire_state(self) -> tuple[int, bool, float]:
+        """What the last ``before_step`` sent, as :meth:`stats` reports it: (entries, dense wire,
+        sparsity). The pool engine (geodml.pool_dgc) runs every hosted partition's step through
+        one DGC object and puts partition 0's back with :meth:`restore_wire_state` to log it."""
+        return self.last_sent, self._dense, self.sparsity
+
+    def restore_wire_state(self, state: tuple[int, bool, float]) -> None:
+        self.last_sent, self._dense, self.sparsity = state
+
     def apply_blocks(self, step: int, received: dict[int, list[np.ndarray]], *, own: int | None) -> None:
         """``w += v~_r`` for r = 0..K-1 in rank order: rank ``own``'s block from this object's send
         buffers (its last ``before_step``), every other rank's from ``received`` (as sent: dense
-        float32, or int32 indices and float32 values)."""
+        float32, or int32 indices and float32 values). The sent indices are spent afterwards: a
+        later apply without a new ``before_step`` fails instead of adding a stale block."""
         w, c = self.flat.data, self._sent
         for r in range(self.ctx.world_size):
             if r == own:
@@ -326,6 +335,7 @@ class DGC(Algorithm):
             copy_array_into(self.recv_idx[:m], arrays[0])
             copy_array_into(self.recv_val[:m], arrays[1])
             w.index_add_(0, self.recv_idx[:m], self.recv_val[:m])
+        self._sent_idx = None
 
     # ---- Appendix G ------------------------------------------------------------------------------
     def record_residual(self, step: int) -> None:
