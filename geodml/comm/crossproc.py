@@ -184,7 +184,8 @@ class CrossProcess:
             d = int(dst)
             if d not in self.hosted:
                 raise CommError(f"process {self.process}: a message for partition {d}, which it does not host")
-            self._deliver(d, Incoming(src, msg.kind, msg.step, float(arrival_s), list(arrays), nbytes))
+            # one list for every hosted destination: a receiving Comm hands out a copy of it (charged.py)
+            self._deliver(d, Incoming(src, msg.kind, msg.step, float(arrival_s), arrays, nbytes))
 
     def _need_transport(self) -> PeerTransport:
         if self._transport is None:
