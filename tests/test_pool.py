@@ -131,6 +131,7 @@ def test_gaia_and_dgc_pools_equal_threads_bit_for_bit(name, tmp_path):
     s = json.loads((tmp_path / "pool" / "summary.json").read_text())
     gaia = name.startswith("gaia")
     assert s["final_model"] == ("average_of_weights" if gaia else "global")
+    assert s["per_rank_val_examples"] is None  # no --partition-eval-examples: the whole test set
     assert s["wan_bytes_by_kind"]["update" if gaia else "gradient"] > 0 and s["wan_messages_total"] == 30 * 6 * 5
     models = [torch.load(tmp_path / "pool" / f"rank{k}/model.pt") for k in range(6)]
     # Gaia's partitions keep models of their own; DGC's all hold the one model

@@ -313,8 +313,8 @@ class DGC(Algorithm):
     def apply_blocks(self, step: int, received: dict[int, list[np.ndarray]], *, own: int | None) -> None:
         """``w += v~_r`` for r = 0..K-1 in rank order: rank ``own``'s block from this object's send
         buffers (its last ``before_step``), every other rank's from ``received`` (as sent: dense
-        float32, or int32 indices and float32 values). The sent indices are spent afterwards: a
-        later apply without a new ``before_step`` fails instead of adding a stale block."""
+        float32, or int32 indices and float32 values). The sent indices are spent afterwards, so
+        a sparse own block cannot be added twice (each ``before_step`` is followed by one apply)."""
         w, c = self.flat.data, self._sent
         for r in range(self.ctx.world_size):
             if r == own:

@@ -294,7 +294,9 @@ def build_report(args: argparse.Namespace, runs: list[IwdsRun], results: list[Ru
                      "param": run.param, "setting": run.setting, "seed": run.seed, "status": res.status,
                      "error": res.error, "returncode": res.returncode, "dir": str(run.spec.out),
                      "geodml_partition": " ".join(partition_flags(args, run.partition, run.param)[1:]),
-                     "final_accuracy": (sum(tail) / len(tail)) if tail else last, "last_round_accuracy": last,
+                     # no curve: the last round stands in only when it is the measure (--final-rounds 1)
+                     "final_accuracy": (sum(tail) / len(tail)) if tail else (last if args.final_rounds == 1 else None),
+                     "last_round_accuracy": last,
                      "final_val_loss": None if s is None else s.get("final_val_loss"),
                      "wall_s": None if s is None else s.get("wall_seconds"),
                      "mean_accuracy": (sum(a for _, a in curve) / len(curve)) if curve else None,

@@ -50,7 +50,7 @@ THETA_FLAGS = {"t0": "--t0", "iter_local": "--iter-local", "e_warm": "--e-warm"}
 ALGO_LABEL = {"gaia": "Gaia", "fedavg": "FedAvg", "dgc": "DGC"}
 # geodml flag dests the study sets itself, so they may not appear after "--"
 CONTROLLED = ("algo", "out", "dataset", "partition", "skew", "alpha", "shards_per_partition", "skewscout",
-              "t0", "iter_local", "e_warm")
+              "t0", "iter_local", "e_warm", "partition_eval_examples")
 EPS = 1e-12
 
 

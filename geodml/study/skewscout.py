@@ -73,7 +73,7 @@ PAPER_FIG8 = {0.2: 34.1, 1.0: 9.6}
 """The paper's SkewScout savings over BSP at the ends of Figure 8 (the text gives only these and 1.1-1.5x the Oracle)."""
 LEVELS_FULL, LEVELS_QUICK = (0.2, 0.4, 0.6, 0.8, 1.0), (0.2, 1.0)
 KNOB_ALGOS = ("gaia", "fedavg", "dgc")
-CONTROLLED = ("seed", "travel_every", "travel_decisions", "skewscout_grid")
+CONTROLLED = ("seed", "travel_every", "travel_decisions", "skewscout_grid", "partition_eval_examples")
 """geodml flags this study sets (beyond paper.CONTROLLED), refused after '--'."""
 FIELDS = ("skew", "algorithm", "savings_over_bsp", "accuracy", "meets_target", "bytes_vs_oracle", "knob", "theta",
           "accuracy_sd", "seeds_meeting", "wan_bytes", "seeds", "note")
