@@ -133,9 +133,9 @@ def test_eval_cache_evaluates_each_distinct_model_once(monkeypatch):
     import geodml.trainer as trainer
     calls = []
 
-    def counting(model, x, y, batch=1000):
+    def counting(model, x, y, batch=1000, indices=None):
         calls.append(id(model))
-        return evaluate(model, x, y, batch)
+        return evaluate(model, x, y, batch, indices=indices)
 
     monkeypatch.setattr(trainer, "evaluate", counting)
     torch.manual_seed(0)
@@ -149,6 +149,8 @@ def test_eval_cache_evaluates_each_distinct_model_once(monkeypatch):
         b.bias[0] += 1.0
     cache.evaluate(b, x, y)
     assert len(calls) == 3
+    rows = torch.tensor([1, 4, 9, 16, 25, 36, 49])  # --partition-eval-examples: the rows are passed through
+    assert EvalCache().evaluate(a, x, y, rows) == evaluate(a, x[rows], y[rows]) != evaluate(a, x, y)
 
 
 def test_evaluate_on_indices_equals_evaluate_on_the_copied_subset():
