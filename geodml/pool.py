@@ -168,6 +168,7 @@ class Pool:
         flat = FlatParams(model, param_multipliers(cfg.model, model))
         self.spe = steps_per_epoch(len(labels), P, cfg.optim.batch_size)
         self.total_steps = cfg.optim.steps or max(1, round(cfg.optim.epochs * self.spe))
+        self.eval_at = frozenset(int(x) for x in cfg.eval_at)  # further validation steps (--eval-at)
         self.ctx = AlgoContext(rank=self.hosted.start, world_size=P, seed=cfg.seed, steps_per_epoch=self.spe,
                                total_steps=self.total_steps, batch_size=cfg.optim.batch_size,
                                label_counts=np.asarray(report["label_counts"], dtype=np.int64))
@@ -485,7 +486,7 @@ class Pool:
             step += 1
             self.step = step
             if step < self.total_steps:
-                do_eval = step % cfg.eval_every == 0
+                do_eval = step % cfg.eval_every == 0 or step in self.eval_at
                 if do_eval or step % cfg.log_every == 0:
                     self._log(step, lr, with_eval=do_eval)
         if algo.steps_in_round > 0:
@@ -594,7 +595,7 @@ class EveryStepPool(Pool):
             step += 1
             self.step = step
             if step < self.total_steps:  # the last step is logged by _finish, with the final evaluation
-                do_eval = step % cfg.eval_every == 0
+                do_eval = step % cfg.eval_every == 0 or step in self.eval_at
                 if do_eval or step % cfg.log_every == 0:
                     self._log(step, lr, with_eval=do_eval)
         self.algo.finish()

@@ -218,6 +218,8 @@ class Schedule:
     log_every: int
     seed: int
     """Seeds this partition's minibatch order (with its rank)."""
+    eval_at: frozenset[int] = frozenset()
+    """Further steps after which the global model is validated (``--eval-at``)."""
 
 
 class Minibatch(Protocol):
@@ -276,7 +278,7 @@ class Trainer:
         self.sampler = BatchSampler(data.local_indices, schedule.optim.batch_size, schedule.seed, self.rank,
                                     labels=data.train_y[torch.as_tensor(data.local_indices)].cpu().numpy())
         self.total_steps, self.spe = schedule.total_steps, schedule.steps_per_epoch
-        self.eval_every, self.log_every = schedule.eval_every, schedule.log_every
+        self.eval_every, self.log_every, self.eval_at = schedule.eval_every, schedule.log_every, schedule.eval_at
         self.sink = sink if sink is not None else Sink()
         self.skewscout = skewscout
         self.step_hooks = tuple(step_hooks)  # called with the trainer after each step's logging (checkpoints, fault tests)
@@ -359,7 +361,7 @@ class Trainer:
                     self.sink.log({"step": s.step, "epoch": s.step / self.spe, "emulated_s": self._emulated_s(),
                                    "wall_s": time.monotonic() - self.wall_t0, **decision})
             if s.step < self.total_steps:  # the last step is logged by _finish, with the final evaluation
-                do_eval = s.step % self.eval_every == 0
+                do_eval = s.step % self.eval_every == 0 or s.step in self.eval_at
                 if do_eval or s.step % self.log_every == 0:
                     self._log(lr, with_eval=do_eval)
             for hook in self.step_hooks:

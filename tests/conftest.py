@@ -21,6 +21,15 @@ class _UnitTestPopen(_RealPopen):  # type: ignore[type-arg,misc]
                              "(or pytestmark = pytest.mark.integration for the module); tests/conftest.py")
 
 
+def pytest_sessionstart(session):
+    """matplotlib's first import on a machine builds its font cache by running fc-list: do it here, so
+    that a unit test plotting a study report does not trip the guard below on a fresh machine."""
+    try:
+        import matplotlib.font_manager  # noqa: F401
+    except ImportError:  # the plots are optional (the studies skip them without matplotlib)
+        pass
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     """Before any fixture of the test is set up (module-scoped ones included): an unmarked test may

@@ -229,6 +229,9 @@ CASES = [
     # digits holds 359 test examples: found once decoded, still before any process group
     ("partition-eval-examples-beyond-the-test-set", lambda t: ["--partition-eval-examples", "360"],
      "--partition-eval-examples 360: the test set has 359 examples; choose 1 to 359"),
+    ("eval-at-fraction", lambda t: ["--eval-at", "5,7.5"], "--eval-at takes whole step numbers >= 1, got (5.0, 7.5)"),
+    ("eval-at-past-the-steps", lambda t: ["--steps", "10", "--eval-at", "4,11"],
+     "--eval-at: every step must be within the run's --steps 10, got (4.0, 11.0)"),
     ("vmap-without-pool", lambda t: ["--algo", "fedavg", "--partitions", "3", "--engine", "threads", "--vmap"],
      "--vmap needs the pool engine, which this run does not use: --engine threads"),
     ("vmap-not-fedavg", lambda t: ["--partitions", "3", "--vmap"],

@@ -209,6 +209,29 @@ def test_partition_eval_examples_score_each_own_model_on_those_rows_and_the_glob
     assert s["final_val_accuracy"] == pytest.approx(accuracy(out / "model.pt", ds.test_x, ds.test_y), abs=1e-12)
 
 
+@pytest.mark.parametrize("engine,algo", [("threads", "fedavg"), ("pool", "fedavg"), ("pool", "gaia")])
+def test_eval_at_adds_validations_at_those_steps_and_changes_no_weight(engine, algo, tmp_path):
+    """--eval-at 5,25 with --eval-every 15 over 30 steps validates the global model after steps
+    5, 15, 25 and 30 (the end), where the run without it validates after 15 and 30; both runs
+    end with the same bits in every model and the same accuracies at the steps they share.
+    FedAvg takes rounds of 5 steps, so 5 and 25 are round ends there."""
+    from geodml.report import load_run
+    flags = ["--algo", "fedavg", "--iter-local", "5"] if algo == "fedavg" else ["--algo", "gaia", "--t0", "0.05"]
+    argv = [*BASE, *flags, "--engine", engine]
+    plain, extra = tmp_path / "plain", tmp_path / "extra"
+    assert main([*argv, "--out", str(plain)]) == 0
+    assert main([*argv, "--eval-at", "25,5", "--out", str(extra)]) == 0
+    a, b = load_run(plain).evals, load_run(extra).evals
+    assert [int(e["step"]) for e in a] == [15, 30]
+    assert [int(e["step"]) for e in b] == [5, 15, 25, 30]
+    assert [e["val_accuracy"] for e in a] == [e["val_accuracy"] for e in b if int(e["step"]) in (15, 30)]
+    assert b[0]["val_accuracy"] != b[-1]["val_accuracy"]  # step 5 scored its own model, not the final one
+    assert json.loads((extra / "config.json").read_text())["config"]["eval_at"] == [5, 25]
+    for f in ["model.pt", *(f"rank{k}/model.pt" for k in range(6))]:
+        want, got = torch.load(plain / f), torch.load(extra / f)
+        assert all(torch.equal(got[k], want[k]) for k in want), f
+
+
 @pytest.mark.integration
 def test_hosted_partitions_sigkill_restart_and_resume_equal_one_uninterrupted_process(tmp_path, monkeypatch):
     """P = 6 on R = 2: SIGKILL the process hosting partition 4 after step 23 (checkpoints every 10)

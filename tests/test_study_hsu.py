@@ -287,6 +287,8 @@ def test_drawdown_by_hand():
     ("hsu2019", ["--lrs", "0.1,-0.1"], "--lrs must be > 0"),
     ("hsu2019", ["--fractions", "0.001"], "--fractions 0.001 selects no client of 100"),
     ("hsu2019", ["--rounds", "0"], "--rounds must be >= 1"),
+    ("hsu2019", ["--final-rounds", "0"], "--final-rounds must be in 1..100 (the rounds of a run), got 0"),
+    ("hsu2020", ["--rounds", "5", "--final-rounds", "6"], "--final-rounds must be in 1..5 (the rounds of a run), got 6"),
     ("hsu2019", ["--processes", "0"], "--processes must be in 1..100"),
     ("hsu2019", ["--budget", "medium"], "invalid choice: 'medium'"),
     ("hsu2019", ["--seeds", "0,0"], "distinct seeds"),
@@ -366,11 +368,35 @@ def test_estimates_count_the_final_per_partition_evaluations(tmp_path):
     run = hsu.plan_2019_tuning(args)[0]
     assert run.client_steps == 800 * 40  # 100 rounds x 8 steps x 40 participants
     d = hsu.distinct_snapshots(100, 40, 100, 0)
-    # 10 periodic evaluations (every 80 of 800 steps, the last one the final) on 10,000 test images + d partition
-    # models on 500 of them (--partition-eval-examples, in every run's flags), and every partition's model on its
-    # own 500 examples
-    assert run.eval_images == 10 * 10_000 + d * 500 + 100 * 500
+    # 10 periodic evaluations (every 80 of 800 steps, the last one the final) and 9 more after rounds 91-99 (the
+    # final accuracy averages rounds 91-100) on 10,000 test images + d partition models on 500 of them
+    # (--partition-eval-examples, in every run's flags), and every partition's model on its own 500 examples
+    assert run.eval_images == (10 + 9) * 10_000 + d * 500 + 100 * 500
     flags = list(run.spec.argv)
     assert flags[flags.index("--partition-eval-examples") + 1] == "500"
+    assert flag(flags, "--eval-at") == "728,736,744,752,760,768,776,784,792"
+    assert run.final_steps == tuple(range(728, 801, 8))
     train, evals = hsu.core_seconds(args, [run])
     assert train == pytest.approx(32_000 * 0.22) and evals == pytest.approx(run.eval_images / 10_000 * 20.0)
+
+
+def test_final_accuracy_is_the_mean_of_the_last_rounds_evaluations(tmp_path):
+    """--final-rounds 3 over 10 rounds of 4 steps (quick), evaluated every round (--eval-rounds 1): a run's
+    accuracy is the mean of its evaluations after rounds 8, 9 and 10, by hand; the last one alone is kept beside
+    it; a run whose metrics lack one of those evaluations is reported incomplete, not averaged over fewer."""
+    args = hsu.parse_2019(["--budget", "quick", "--rounds", "10", "--eval-rounds", "1", "--final-rounds", "3",
+                           "--alphas", "1", "--fractions", "0.1", "--momentum-fractions", "0.1", "--lrs", "0.1",
+                           "--seeds", "0,1", "--tune-seeds", "2", "--out", str(tmp_path / "s")])
+    a, b = [r for r in hsu.plan_2019_tuning(args) if r.algo == "fedavg"]
+    assert a.final_steps == (32, 36, 40) and "--eval-at" not in a.spec.argv  # every round is evaluated anyway
+    curve = [(4 * r, 0.5 + 0.01 * r) for r in range(1, 11)]
+    fake_run(tmp_path / "s", a.spec, 0.60, curve)
+    fake_run(tmp_path / "s", b.spec, 0.60, [c for c in curve if c[0] != 36])
+    results = [runner.RunResult(r.spec, "reused", summary=json.loads((Path(r.spec.out) / "summary.json").read_text()))
+               for r in (a, b)]
+    oa, ob = hsu.outcomes([a, b], results)
+    assert oa.accuracy == pytest.approx((0.58 + 0.59 + 0.60) / 3) and oa.last_accuracy == 0.60 and oa.status == "reused"
+    assert ob.accuracy is None and ob.status == "incomplete" and "2 of the 3 evaluations" in (ob.error or "")
+    quick = hsu.parse_2019(["--budget", "quick", "--out", str(tmp_path / "q")])
+    full = hsu.parse_2020(["--parts", "fedir", "--out", str(tmp_path / "f")])
+    assert quick.final_rounds == 1 and full.final_rounds == hsu.FULL_FINAL_ROUNDS == 10

@@ -154,11 +154,17 @@ clients hold (the round snapshots of their last participation: about 40 at C = 0
 whole test set was 19% (hsu2019) and 27% (hsu2020) of the estimated study time; summary.json still gets every client's
 accuracy, on these rows."""
 
+FULL_FINAL_ROUNDS = 10
+"""Rounds a run's final accuracy is averaged over (``--final-rounds``, full budget). With 5 or 10 of the 100
+clients per round the global model moves by several points from one round to the next, so one evaluation
+after the last round is a noisy measure, and tuning on it picks noise; geodml evaluates the global model
+after each of these rounds too (``--eval-at``), which costs FULL_FINAL_ROUNDS - 1 more test-set passes per run."""
+
 # flags the studies set themselves; refused after "--"
 CONTROLLED = ("algo", "out", "dataset", "partition", "alpha", "client_size", "size_zipf", "model", "lr", "steps",
               "epochs", "batch_size", "momentum", "weight_decay", "seed", "client_fraction", "iter_local",
               "local_epochs", "server_momentum", "server_lr", "server_nesterov", "fedir", "virtual_client_size",
-              "eval_every", "log_every", "partitions", "partition_eval_examples")
+              "eval_every", "eval_at", "log_every", "partitions", "partition_eval_examples")
 
 
 @dataclass(frozen=True)
@@ -206,6 +212,8 @@ class Run:
     """Local steps of all participants over the run (the compute)."""
     eval_images: int = 0
     """Images the run evaluates (periodic and final global evaluations, the final per-partition ones), an estimate."""
+    final_steps: tuple[int, ...] = ()
+    """The steps (round ends) whose evaluations the run's final accuracy averages; empty or one: the last evaluation."""
 
     @property
     def run_id(self) -> str:
@@ -362,14 +370,39 @@ def _select(clients: int, m: int, seed: int, t: int) -> tuple[int, ...]:
 
 
 def eval_images(args: argparse.Namespace, *, steps: int, eval_every: int, m: int, rounds: int, seed: int,
-                population: int) -> int:
-    """Images evaluated: every ``eval_every`` steps and at the end on the test set, then each distinct partition
+                population: int, extra_evals: int = 0) -> int:
+    """Images evaluated: every ``eval_every`` steps, at the end and ``extra_evals`` more times (--eval-at) on the
+    test set, then each distinct partition
     model on the PARTITION_EVAL_EXAMPLES rows and each partition's model on its own data (geodml's end-of-run
     report)."""
     test = TEST_SIZE.get(args.dataset, 10_000)
-    periodic = steps // eval_every + (0 if steps % eval_every == 0 else 1)
+    periodic = steps // eval_every + (0 if steps % eval_every == 0 else 1) + extra_evals
     return (periodic * test + distinct_snapshots(args.protocol.clients, m, rounds, seed) * partition_eval_rows(args.dataset)
             + population)
+
+
+def final_rounds_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--final-rounds", type=int, help="a run's final accuracy is the mean of the global model's "
+                   f"accuracy after each of its last W rounds (default: quick 1, full {FULL_FINAL_ROUNDS}; 1: the last "
+                   "evaluation only); geodml evaluates those rounds too (--eval-at)")
+
+
+def check_final_rounds(args: argparse.Namespace) -> None:
+    if args.final_rounds is None:
+        args.final_rounds = min(1 if args.budget == "quick" else FULL_FINAL_ROUNDS, args.rounds)
+    if not 1 <= args.final_rounds <= args.rounds:
+        raise StudyError(f"--final-rounds must be in 1..{args.rounds} (the rounds of a run), got {args.final_rounds}")
+
+
+def tail_steps(args: argparse.Namespace, *, steps_per_round: int, every: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(the steps whose evaluations a run's final accuracy averages: the last --final-rounds round ends; those of
+    them the periodic evaluation, every ``every`` steps and at the end, misses: geodml's --eval-at)."""
+    final = tuple(r * steps_per_round for r in range(args.rounds - args.final_rounds + 1, args.rounds + 1))
+    return final, tuple(x for x in final[:-1] if x % every)
+
+
+def eval_at_flags(steps: Sequence[int]) -> list[str]:
+    return ["--eval-at", ",".join(map(str, steps))] if steps else []
 
 
 def core_seconds(args: argparse.Namespace, runs: Sequence[Run]) -> tuple[float, float]:
@@ -424,6 +457,9 @@ class Outcome:
     run: Run
     status: str
     accuracy: float | None = None
+    """The final accuracy: the mean over the run's ``final_steps`` evaluations (one or none: the last evaluation)."""
+    last_accuracy: float | None = None
+    """The last evaluation alone (summary.json's final_val_accuracy)."""
     val_loss: float | None = None
     wall_s: float | None = None
     error: str | None = None
@@ -445,14 +481,21 @@ def outcomes(runs: Sequence[Run], results: Sequence[RunResult], *, curves: bool 
             continue
         s = res.summary if res.succeeded else None
         acc = None if s is None else s.get("final_val_accuracy")
-        o = Outcome(run, res.status, accuracy=acc if isinstance(acc, (int, float)) else None,
+        last = acc if isinstance(acc, (int, float)) else None
+        o = Outcome(run, res.status, accuracy=last, last_accuracy=last,
                     val_loss=None if s is None else s.get("final_val_loss"),
                     wall_s=None if s is None else s.get("wall_seconds"), error=res.error)
-        if curves and o.ok:
+        if (curves or len(run.final_steps) > 1) and o.ok:
             try:
                 o.curve = [(int(e["step"]), float(e["val_accuracy"])) for e in load_run(run.spec.out).evals]
             except (ReportError, KeyError, ValueError):
                 o.curve = []
+        if len(run.final_steps) > 1 and o.ok:
+            tail = [a for step in run.final_steps if (a := _acc_at(o.curve, step)) is not None]
+            o.accuracy = statistics.fmean(tail) if len(tail) == len(run.final_steps) else None
+            if o.accuracy is None:
+                o.status, o.error = "incomplete", (f"metrics.jsonl holds {len(tail)} of the {len(run.final_steps)} "
+                                                   f"evaluations the final accuracy averages (steps {run.final_steps})")
         out.append(o)
     return out
 
@@ -482,14 +525,15 @@ def pp(values: Sequence[float], *, sign: bool = True) -> str:
 
 
 CSV_FIELDS = ("run_id", "part", "algo", "fedir", "fedvc", "alpha", "fraction", "beta", "eta_eff", "lr", "seed", "rounds",
-              "steps", "status", "accuracy", "val_loss", "wall_s", "dir", "error")
+              "steps", "status", "accuracy", "last_accuracy", "val_loss", "wall_s", "dir", "error")
 
 
 def rows(outs: Sequence[Outcome]) -> list[dict[str, Any]]:
     return [{"run_id": o.run.run_id, "part": o.run.part, "algo": o.run.algo, "fedir": o.run.fedir, "fedvc": o.run.fedvc,
              "alpha": o.run.alpha, "fraction": o.run.fraction, "beta": o.run.beta, "eta_eff": o.run.eta_eff,
              "lr": o.run.lr, "seed": o.run.seed, "rounds": o.run.rounds, "steps": o.run.steps, "status": o.status,
-             "accuracy": o.accuracy, "val_loss": o.val_loss, "wall_s": o.wall_s, "dir": str(o.run.spec.out),
+             "accuracy": o.accuracy, "last_accuracy": o.last_accuracy, "val_loss": o.val_loss, "wall_s": o.wall_s,
+             "dir": str(o.run.spec.out),
              "error": o.error} for o in outs]
 
 
@@ -512,7 +556,7 @@ def runs_table(outs: Sequence[Outcome]) -> list[str]:
                      f"{'-' if r.eta_eff is None else fmt(r.eta_eff)} | {r.lr:g} | {r.seed} | {r.rounds} | {r.steps} | "
                      f"{acc} | {o.status} |")
     for o in outs:
-        if o.status in ("failed", "timeout"):
+        if o.status in ("failed", "timeout", "incomplete"):
             lines.append(f"\nFailed (excluded from every table): {o.run.run_id}: {o.error}; "
                          f"stderr: {Path(o.run.spec.out) / 'stderr.txt'}")
     return lines
@@ -524,6 +568,14 @@ def write_report(name: str, out: Path, text: str, report: dict, table: list[dict
     (out / f"{name}.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     write_csv(table, out / f"{name}.csv")
     return [out / f"{name}.md", out / f"{name}.csv", out / f"{name}.json"]
+
+
+def final_text(args: argparse.Namespace) -> str:
+    """How a run's final accuracy is measured, for the reports."""
+    if args.final_rounds == 1:
+        return "the global model after the last round"
+    return (f"the mean of the global model's accuracy after each of the last {args.final_rounds} rounds; "
+            "the runs table's last_accuracy column in the CSV has the last round alone")
 
 
 def alpha_label(alpha: float) -> str:
@@ -552,6 +604,7 @@ def parse_2019(argv: list[str]) -> argparse.Namespace:
                    "(default: quick 0.05,0.2; full 0.03,0.1,0.3)")
     p.add_argument("--tune-seeds", type=int, default=1, help="seeds (the first of --seeds) every grid point runs at; the "
                    "best setting of a cell then runs at the other seeds")
+    final_rounds_arg(p)
     args = p.parse_args(head)
     _finish_common("hsu2019", args, extra)
     quick = args.budget == "quick"
@@ -564,6 +617,7 @@ def parse_2019(argv: list[str]) -> argparse.Namespace:
     args.lrs = args.lrs or ((0.05, 0.2) if quick else (0.03, 0.1, 0.3))
     if args.rounds < 1:
         raise StudyError(f"--rounds must be >= 1, got {args.rounds}")
+    check_final_rounds(args)
     args.eval_rounds = args.eval_rounds if args.eval_rounds is not None else max(1, args.rounds // 10)
     if args.eval_rounds < 1:
         raise StudyError(f"--eval-rounds must be >= 1, got {args.eval_rounds}")
@@ -585,18 +639,19 @@ def run_2019(args: argparse.Namespace, algo: str, alpha: float, fraction: float,
     it = p.iter_local
     lr = eta_for(eta_eff, beta)
     steps, every = args.rounds * it, args.eval_rounds * it
+    final, extra = tail_steps(args, steps_per_round=it, every=every)
     slug = "fedavg" if algo == "fedavg" else f"fedavgm-b{fmt(beta)}"
     run_id = f"{slug}-lr{fmt(eta_eff)}-a{fmt(alpha)}-c{fmt(fraction)}-s{seed}"
     argv = (*base_flags(args, seed), "--partition", "dirichlet", "--alpha", fmt(alpha), "--client-size", str(p.client_size),
             "--client-fraction", fmt(fraction), "--iter-local", str(it), "--lr", fmt(lr),
             *server_flags(algo, beta, nesterov=True),
-            "--steps", str(steps), "--eval-every", str(every), "--log-every", str(it), *args.geodml_args)
+            "--steps", str(steps), "--eval-every", str(every), *eval_at_flags(extra), "--log-every", str(it), *args.geodml_args)
     m = num_selected(fraction, p.clients)
     return Run(RunSpec(run_id, Path(args.out) / run_id, argv, p.clients), part=algo, algo=algo, seed=seed, lr=lr,
                alpha=alpha, fraction=fraction, eta_eff=eta_eff, beta=beta, rounds=args.rounds, steps=steps,
-               eval_every=every, client_steps=steps * m,
+               eval_every=every, client_steps=steps * m, final_steps=final,
                eval_images=eval_images(args, steps=steps, eval_every=every, m=m, rounds=args.rounds, seed=seed,
-                                       population=p.clients * p.client_size))
+                                       population=p.clients * p.client_size, extra_evals=len(extra)))
 
 
 CellKey = tuple[str, float, float]
@@ -772,7 +827,8 @@ def markdown_2019(args: argparse.Namespace, cells: dict[CellKey, CellResult], ou
              f"learning rates: the eta_eff grid {', '.join(fmt(x) for x in args.lrs)} (the paper: eta in "
              f"{{1e-4, 3e-4, ..., 0.3}}), tuned at seed(s) {', '.join(map(str, args.seeds[:args.tune_seeds]))}, "
              f"the best then run at {', '.join(map(str, args.seeds[args.tune_seeds:])) or 'no other seed'}. "
-             "Cells: final top-1 test accuracy in %, mean ± std over seeds at the chosen setting [setting]; "
+             f"Cells: final top-1 test accuracy in % ({final_text(args)}), mean ± std over seeds at the chosen "
+             "setting [setting]; "
              "(edge): the best eta_eff (FedAvgM: or beta) is at an end of its grid, so the tuning may be truncated.", "",
              "The paper's numbers are CIFAR-10 after 10,000 rounds; its per-cell values are in Figures 2 and 5 only "
              f"(not in the text), so the paper columns quote what the text states. Centralized CIFAR-10: "
@@ -924,12 +980,13 @@ def hsu2019(argv: list[str] | None = None, *, launcher: Launcher = torchrun_laun
     claims = claims_2019(args, cells)
     text = markdown_2019(args, cells, outs, claims)
     report = {"study": "hsu2019", "paper": "Hsu, Qi & Brown 2019", "budget": args.budget, "dataset": args.dataset,
-              "model": args.model, "rounds": args.rounds, "seeds": list(args.seeds), "tune_seeds": args.tune_seeds,
+              "model": args.model, "rounds": args.rounds, "final_rounds": args.final_rounds, "seeds": list(args.seeds),
+              "tune_seeds": args.tune_seeds,
               "lrs": list(args.lrs), "betas": list(args.betas), "out": str(args.out),
               "cells": [{"algo": k[0], "alpha": k[1], "fraction": k[2], "beta": None if c.setting is None else c.setting[0],
                          "eta_eff": None if c.setting is None else c.setting[1], "accuracies": c.accs, "edge": c.edge}
                         for k, c in cells.items()],
-              "claims": claims, "failed": [o.run.run_id for o in outs if o.status in ("failed", "timeout")],
+              "claims": claims, "failed": [o.run.run_id for o in outs if o.status in ("failed", "timeout", "incomplete")],
               "runs": rows(outs)}
     out = Path(args.out)
     paths = write_report("hsu2019", out, text, report, report["runs"])
@@ -980,6 +1037,7 @@ def parse_2020(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--fedir-alphas", type=finite_floats, help="FedIR: Dirichlet alphas (default: quick 1,0.1; full 100,1,"
                    "0.2,0.05)")
     p.add_argument("--rounds", type=int, help="FedIR: rounds per run (default: quick 3, full 100)")
+    final_rounds_arg(p)
     p.add_argument("--vc-rounds", type=int, help="FedVC: the largest round budget, Table 2's 5k rounds scaled (default: "
                    "quick 10, full 200; batch budgets are 10x the round budgets, as the paper's)")
     p.add_argument("--curve-points", type=int, help="FedVC: round budgets of the learning curves (default: quick 2, full 10)")
@@ -1011,6 +1069,7 @@ def parse_2020(argv: list[str]) -> argparse.Namespace:
         raise StudyError("--fedir-alphas must be >= 0")
     if args.rounds < 1:
         raise StudyError(f"--rounds must be >= 1, got {args.rounds}")
+    check_final_rounds(args)
     if args.curve_points < 1 or args.vc_rounds < 1 or args.vc_rounds % args.curve_points:
         raise StudyError(f"--vc-rounds ({args.vc_rounds}) must be a positive multiple of --curve-points ({args.curve_points})")
     if args.vc_rounds % 10:
@@ -1032,17 +1091,18 @@ def run_fedir(args: argparse.Namespace, algo: str, alpha: float, fedir: bool, se
     p = args.protocol
     it = p.iter_local
     steps, every = args.rounds * it, max(1, args.rounds // 10) * it
+    final, extra = tail_steps(args, steps_per_round=it, every=every)
     run_id = f"ir-{_ir_slug(algo, fedir)}-a{fmt(alpha)}-s{seed}"
     argv = (*base_flags(args, seed), "--partition", "dirichlet", "--alpha", fmt(alpha), "--client-size", str(p.client_size),
             "--client-fraction", fmt(args.fraction), "--iter-local", str(it), "--lr", fmt(args.lr),
             *server_flags(algo, args.server_momentum, nesterov=args.server_nesterov), *(["--fedir"] if fedir else []),
-            "--steps", str(steps), "--eval-every", str(every), "--log-every", str(it), *args.geodml_args)
+            "--steps", str(steps), "--eval-every", str(every), *eval_at_flags(extra), "--log-every", str(it), *args.geodml_args)
     m = num_selected(args.fraction, p.clients)
     return Run(RunSpec(run_id, Path(args.out) / run_id, argv, p.clients), part="fedir", algo=algo, seed=seed, lr=args.lr,
                alpha=alpha, fraction=args.fraction, beta=args.server_momentum if algo == "fedavgm" else 0.0, fedir=fedir,
-               rounds=args.rounds, steps=steps, eval_every=every, client_steps=steps * m,
+               rounds=args.rounds, steps=steps, eval_every=every, client_steps=steps * m, final_steps=final,
                eval_images=eval_images(args, steps=steps, eval_every=every, m=m, rounds=args.rounds, seed=seed,
-                                       population=p.clients * p.client_size))
+                                       population=p.clients * p.client_size, extra_evals=len(extra)))
 
 
 def plan_fedir(args: argparse.Namespace) -> list[Run]:
@@ -1280,7 +1340,7 @@ def markdown_2020(args: argparse.Namespace, outs: Sequence[Outcome], gains: dict
              f"Client SGD lr {fmt(args.lr)} (§6.5), B = {p.batch}, weight decay {fmt(H19_WEIGHT_DECAY)}, {args.model}, "
              f"C = {fmt(args.fraction)} ({num_selected(args.fraction, p.clients)} clients per round); FedAvgM: server "
              f"momentum {fmt(args.server_momentum)}{' (Nesterov)' if args.server_nesterov else ''}, server lr 1. Accuracy: "
-             "final top-1 test accuracy in %, mean ± std over seeds "
+             f"final top-1 test accuracy in % (FedIR: {final_text(args)}), mean ± std over seeds "
              f"{', '.join(map(str, args.seeds))}. The paper's numbers are from other datasets (iNaturalist, Landmarks, "
              "pretrained MobileNetV2, 1k-5k rounds): compare directions, not levels.", ""]
     if "fedir" in args.parts:
@@ -1422,10 +1482,11 @@ def hsu2020(argv: list[str] | None = None, *, launcher: Launcher = torchrun_laun
     text = markdown_2020(args, outs, gains, vc, claims, sizes)
     report = {"study": "hsu2020", "paper": "Hsu, Qi & Brown 2020", "budget": args.budget, "dataset": args.dataset,
               "model": args.model, "seeds": list(args.seeds), "parts": list(args.parts), "out": str(args.out),
+              "final_rounds": args.final_rounds,
               "fedir": [{"algo": k[0], "alpha": k[1], "without": v[0], "with": v[1], "gains": v[2]} for k, v in gains.items()],
               "fedvc": [{"algo": k[0], "fedvc": k[1], **v} for k, v in vc.items()],
               "population_sizes": {str(k): v.tolist() for k, v in sizes.items()},
-              "claims": claims, "failed": [o.run.run_id for o in outs if o.status in ("failed", "timeout")],
+              "claims": claims, "failed": [o.run.run_id for o in outs if o.status in ("failed", "timeout", "incomplete")],
               "runs": rows(outs)}
     out = Path(args.out)
     paths = write_report("hsu2020", out, text, report, report["runs"])
