@@ -37,6 +37,9 @@ classification" (Hsu et al. 2019):
 * Budget: ``--rounds`` (full: 100, 1% of the paper's 10,000 rounds; Fashion-MNIST trains much
   faster than CIFAR-10, still the accuracies are short-budget ones); FedAvgM runs at the report goals
   ``--momentum-fractions`` (default 0.05, the setting the paper's Section 4.2 quotes).
+* Final accuracy of a run (hsu2019 and hsu2020's FedIR): the mean of the global model's accuracy after
+  each of its last ``--final-rounds`` rounds (full: 10, FULL_FINAL_ROUNDS; geodml's ``--eval-at``), not
+  the last round alone; the paper reads its final values off the learning curves and does not say more.
 
 ``hsu2020`` -- "Federated visual classification with real-world data distribution" (Hsu et al. 2020):
 
