@@ -497,7 +497,8 @@ class RunConfig:
                           "(and at the end)")
     eval_at: tuple[float, ...] = opt((), metavar="S1,S2,...", default_text="none", help="also validate the global "
                                      "model after each of these steps (whole numbers, e.g. the last rounds' ends, so a "
-                                     "final accuracy can be averaged over them); steps past the run's end are never reached")
+                                     "final accuracy can be averaged over them); each also writes a metrics line, where the "
+                                     "train loss and accuracy averages restart; steps past the run's end are never reached")
     partition_eval_examples: int | None = opt(
         None, metavar="N", help="score each partition's own final model (summary.json's per_rank_val_accuracy) on N "
         "test examples drawn without replacement from the run's seed (the same N for every partition, process count and "
@@ -540,7 +541,7 @@ class RunConfig:
         _check(isinstance(self.eval_every, int) and self.eval_every >= 1,
                f"--eval-every must be an integer >= 1, got {self.eval_every!r}")
         at = tuple(self.eval_at)
-        _check(all(_finite(x) and x >= 1 and float(x) == int(x) for x in at),
+        _check(all(not isinstance(x, bool) and _finite(x) and x >= 1 and float(x) == int(x) for x in at),
                f"--eval-at takes whole step numbers >= 1, got {at!r}")
         _check(self.optim.steps is None or all(x <= self.optim.steps for x in at),
                f"--eval-at: every step must be within the run's --steps {self.optim.steps}, got {at!r}")

@@ -209,15 +209,20 @@ def test_partition_eval_examples_score_each_own_model_on_those_rows_and_the_glob
     assert s["final_val_accuracy"] == pytest.approx(accuracy(out / "model.pt", ds.test_x, ds.test_y), abs=1e-12)
 
 
-@pytest.mark.parametrize("engine,algo", [("threads", "fedavg"), ("pool", "fedavg"), ("pool", "gaia")])
+EVAL_AT_FLAGS = {"fedavg": ["--algo", "fedavg", "--iter-local", "5"], "gaia": ["--algo", "gaia", "--t0", "0.05"],
+                 "fedavg-bn": ["--algo", "fedavg", "--iter-local", "5", "--norm", "batch"]}
+
+
+@pytest.mark.parametrize("engine,algo", [("threads", "fedavg"), ("pool", "fedavg"), ("pool", "gaia"), ("threads", "gaia"),
+                                         ("threads", "fedavg-bn")])
 def test_eval_at_adds_validations_at_those_steps_and_changes_no_weight(engine, algo, tmp_path):
     """--eval-at 5,25 with --eval-every 15 over 30 steps validates the global model after steps
     5, 15, 25 and 30 (the end), where the run without it validates after 15 and 30; both runs
-    end with the same bits in every model and the same accuracies at the steps they share.
-    FedAvg takes rounds of 5 steps, so 5 and 25 are round ends there."""
+    end with the same bits in every model (Gaia's six differ; BatchNorm's buffers included) and
+    the same accuracies at the steps they share. FedAvg takes rounds of 5 steps, so 5 and 25 are
+    round ends there."""
     from geodml.report import load_run
-    flags = ["--algo", "fedavg", "--iter-local", "5"] if algo == "fedavg" else ["--algo", "gaia", "--t0", "0.05"]
-    argv = [*BASE, *flags, "--engine", engine]
+    argv = [*BASE, *EVAL_AT_FLAGS[algo], "--engine", engine]
     plain, extra = tmp_path / "plain", tmp_path / "extra"
     assert main([*argv, "--out", str(plain)]) == 0
     assert main([*argv, "--eval-at", "25,5", "--out", str(extra)]) == 0

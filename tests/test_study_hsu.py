@@ -395,8 +395,33 @@ def test_final_accuracy_is_the_mean_of_the_last_rounds_evaluations(tmp_path):
     results = [runner.RunResult(r.spec, "reused", summary=json.loads((Path(r.spec.out) / "summary.json").read_text()))
                for r in (a, b)]
     oa, ob = hsu.outcomes([a, b], results)
-    assert oa.accuracy == pytest.approx((0.58 + 0.59 + 0.60) / 3) and oa.last_accuracy == 0.60 and oa.status == "reused"
+    assert oa.accuracy == pytest.approx((0.58 + 0.59 + 0.60) / 3) and oa.last_round_accuracy == 0.60 and oa.status == "reused"
     assert ob.accuracy is None and ob.status == "incomplete" and "2 of the 3 evaluations" in (ob.error or "")
     quick = hsu.parse_2019(["--budget", "quick", "--out", str(tmp_path / "q")])
     full = hsu.parse_2020(["--parts", "fedir", "--out", str(tmp_path / "f")])
     assert quick.final_rounds == 1 and full.final_rounds == hsu.FULL_FINAL_ROUNDS == 10
+
+
+def test_an_incomplete_run_is_reported_failed_and_not_chosen(tmp_path, capsys):
+    """End to end from fake finished runs (quick: 4 steps a round, every round evaluated): with
+    --final-rounds 2 the tuning run missing its round-2 evaluation is 'incomplete': the cell takes the
+    other rate, the run is listed as failed in the report, and the study exits 1."""
+    out = tmp_path / "s"
+    argv = ["--budget", "quick", "--alphas", "1", "--fractions", "0.1", "--momentum-fractions", "0.1", "--betas", "0.9",
+            "--lrs", "0.05,0.2", "--seeds", "0", "--final-rounds", "2", "--out", str(out)]
+    args = hsu.parse_2019(argv)
+    runs = hsu.plan_2019_tuning(args)
+    assert {r.final_steps for r in runs} == {(8, 12)}
+    for r in runs:
+        # lr 0.2 would win on its last round (0.9 > 0.7), but its round 2 is missing
+        acc = 0.9 if r.eta_eff == 0.2 else 0.7
+        curve = [(4, 0.5), (8, 0.6), (12, acc)]
+        fake_run(out, r.spec, acc, [c for c in curve if not (r.run_id == "fedavg-lr0.2-a1-c0.1-s0" and c[0] == 8)])
+    assert hsu.hsu2019(argv, launcher=no_launch) == 1
+    rep = json.loads((out / "hsu2019.json").read_text())
+    assert rep["failed"] == ["fedavg-lr0.2-a1-c0.1-s0"] and rep["final_rounds"] == 2
+    cell = next(c for c in rep["cells"] if c["algo"] == "fedavg")
+    assert cell["eta_eff"] == 0.05 and cell["accuracies"] == [pytest.approx(0.65)]   # (0.6 + 0.7) / 2
+    md = (out / "hsu2019.md").read_text()
+    assert "Failed (excluded from every table): fedavg-lr0.2-a1-c0.1-s0: metrics.jsonl holds 1 of the 2" in md
+    assert "1 run(s) failed: fedavg-lr0.2-a1-c0.1-s0" in capsys.readouterr().err

@@ -386,8 +386,8 @@ def eval_images(args: argparse.Namespace, *, steps: int, eval_every: int, m: int
 
 def final_rounds_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--final-rounds", type=int, help="a run's final accuracy is the mean of the global model's "
-                   f"accuracy after each of its last W rounds (default: quick 1, full {FULL_FINAL_ROUNDS}; 1: the last "
-                   "evaluation only); geodml evaluates those rounds too (--eval-at)")
+                   f"accuracy after each of its last W rounds (default: quick 1, full {FULL_FINAL_ROUNDS} or --rounds if "
+                   "fewer; 1: the last evaluation only); geodml evaluates those rounds too (--eval-at)")
 
 
 def check_final_rounds(args: argparse.Namespace) -> None:
@@ -461,8 +461,8 @@ class Outcome:
     status: str
     accuracy: float | None = None
     """The final accuracy: the mean over the run's ``final_steps`` evaluations (one or none: the last evaluation)."""
-    last_accuracy: float | None = None
-    """The last evaluation alone (summary.json's final_val_accuracy)."""
+    last_round_accuracy: float | None = None
+    """The last evaluation alone (summary.json's final_val_accuracy; val_loss is that evaluation's too)."""
     val_loss: float | None = None
     wall_s: float | None = None
     error: str | None = None
@@ -485,7 +485,7 @@ def outcomes(runs: Sequence[Run], results: Sequence[RunResult], *, curves: bool 
         s = res.summary if res.succeeded else None
         acc = None if s is None else s.get("final_val_accuracy")
         last = acc if isinstance(acc, (int, float)) else None
-        o = Outcome(run, res.status, accuracy=last, last_accuracy=last,
+        o = Outcome(run, res.status, accuracy=last, last_round_accuracy=last,
                     val_loss=None if s is None else s.get("final_val_loss"),
                     wall_s=None if s is None else s.get("wall_seconds"), error=res.error)
         if (curves or len(run.final_steps) > 1) and o.ok:
@@ -498,7 +498,8 @@ def outcomes(runs: Sequence[Run], results: Sequence[RunResult], *, curves: bool 
             o.accuracy = statistics.fmean(tail) if len(tail) == len(run.final_steps) else None
             if o.accuracy is None:
                 o.status, o.error = "incomplete", (f"metrics.jsonl holds {len(tail)} of the {len(run.final_steps)} "
-                                                   f"evaluations the final accuracy averages (steps {run.final_steps})")
+                                                   f"evaluations the final accuracy averages (steps {run.final_steps}); "
+                                                   "delete the run's directory to run it again")
         out.append(o)
     return out
 
@@ -528,14 +529,14 @@ def pp(values: Sequence[float], *, sign: bool = True) -> str:
 
 
 CSV_FIELDS = ("run_id", "part", "algo", "fedir", "fedvc", "alpha", "fraction", "beta", "eta_eff", "lr", "seed", "rounds",
-              "steps", "status", "accuracy", "last_accuracy", "val_loss", "wall_s", "dir", "error")
+              "steps", "status", "accuracy", "last_round_accuracy", "val_loss", "wall_s", "dir", "error")
 
 
 def rows(outs: Sequence[Outcome]) -> list[dict[str, Any]]:
     return [{"run_id": o.run.run_id, "part": o.run.part, "algo": o.run.algo, "fedir": o.run.fedir, "fedvc": o.run.fedvc,
              "alpha": o.run.alpha, "fraction": o.run.fraction, "beta": o.run.beta, "eta_eff": o.run.eta_eff,
              "lr": o.run.lr, "seed": o.run.seed, "rounds": o.run.rounds, "steps": o.run.steps, "status": o.status,
-             "accuracy": o.accuracy, "last_accuracy": o.last_accuracy, "val_loss": o.val_loss, "wall_s": o.wall_s,
+             "accuracy": o.accuracy, "last_round_accuracy": o.last_round_accuracy, "val_loss": o.val_loss, "wall_s": o.wall_s,
              "dir": str(o.run.spec.out),
              "error": o.error} for o in outs]
 
@@ -578,7 +579,7 @@ def final_text(args: argparse.Namespace) -> str:
     if args.final_rounds == 1:
         return "the global model after the last round"
     return (f"the mean of the global model's accuracy after each of the last {args.final_rounds} rounds; "
-            "the runs table's last_accuracy column in the CSV has the last round alone")
+            "the CSV's last_round_accuracy column has the last round alone")
 
 
 def alpha_label(alpha: float) -> str:

@@ -95,7 +95,7 @@ run have a standard deviation of 0.7-1.6 pp, and one seed's round 100 sat 3.5 pp
 last-10 mean. The paper reads its figures' curves; a single last point is not that."""
 CONTROLLED = ("algo", "out", "dataset", "partition", "alpha", "tail", "client_size", "skew", "shards_per_partition",
               "entropy_steps", "model", "norm", "lr", "momentum", "weight_decay", "batch_size", "steps", "epochs",
-              "iter_local", "local_epochs", "client_fraction", "eval_every", "log_every", "seed", "iwds", "iwds_mode",
+              "iter_local", "local_epochs", "client_fraction", "eval_every", "eval_at", "log_every", "seed", "iwds", "iwds_mode",
               "prox_mu", "fednova", "reset_momentum", "partitions", "fedir", "virtual_client_size", "server_momentum",
               "server_lr", "server_nesterov", "lr_milestones", "lr_schedule", "skewscout")
 """geodml flags (dests) the study sets or that would change what it compares; refused after '--'."""

@@ -112,7 +112,7 @@ def model_label(model: str, norm: str) -> str:
 
 # flags the studies set themselves; refused after "--"
 CONTROLLED = ("algo", "out", "dataset", "partition", "skew", "alpha", "shards_per_partition", "skewscout", "t0",
-              "iter_local", "e_warm", "lr", "epochs", "steps", "model", "norm", "lr_milestones", "eval_every",
+              "iter_local", "e_warm", "lr", "epochs", "steps", "model", "norm", "lr_milestones", "eval_every", "eval_at",
               "server_momentum", "server_lr", "seed", "gn_groups", "gn_group_size",
               "partition_eval_examples")  # accuracy is the partitions' own, on the whole test set
 EPS = 1e-12

@@ -79,7 +79,7 @@ HIGH_ENTROPY_STEPS = 50
 MODELS = ("logreg", "mlp", "cnn")
 CONTROLLED = ("algo", "out", "dataset", "partition", "alpha", "tail", "client_size", "skew", "shards_per_partition",
               "entropy_steps", "model", "norm", "lr", "momentum", "weight_decay", "batch_size", "steps", "epochs",
-              "iter_local", "local_epochs", "client_fraction", "eval_every", "log_every", "seed", "iwds", "iwds_mode",
+              "iter_local", "local_epochs", "client_fraction", "eval_every", "eval_at", "log_every", "seed", "iwds", "iwds_mode",
               "prox_mu", "fednova", "reset_momentum", "partitions", "fedir", "virtual_client_size", "server_momentum",
               "server_lr", "server_nesterov", "lr_milestones", "lr_schedule", "skewscout")
 PAPER_CLAIM = {
