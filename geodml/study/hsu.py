@@ -375,9 +375,8 @@ def _select(clients: int, m: int, seed: int, t: int) -> tuple[int, ...]:
 def eval_images(args: argparse.Namespace, *, steps: int, eval_every: int, m: int, rounds: int, seed: int,
                 population: int, extra_evals: int = 0) -> int:
     """Images evaluated: every ``eval_every`` steps, at the end and ``extra_evals`` more times (--eval-at) on the
-    test set, then each distinct partition
-    model on the PARTITION_EVAL_EXAMPLES rows and each partition's model on its own data (geodml's end-of-run
-    report)."""
+    test set, then each distinct partition model on the PARTITION_EVAL_EXAMPLES rows and each partition's model on
+    its own data (geodml's end-of-run report)."""
     test = TEST_SIZE.get(args.dataset, 10_000)
     periodic = steps // eval_every + (0 if steps % eval_every == 0 else 1) + extra_evals
     return (periodic * test + distinct_snapshots(args.protocol.clients, m, rounds, seed) * partition_eval_rows(args.dataset)
@@ -504,6 +503,10 @@ def outcomes(runs: Sequence[Run], results: Sequence[RunResult], *, curves: bool 
     return out
 
 
+FAILED = ("failed", "timeout", "incomplete")
+"""Outcome statuses excluded from every table and listed as failed."""
+
+
 def mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
     if not values:
         return None, None
@@ -537,8 +540,7 @@ def rows(outs: Sequence[Outcome]) -> list[dict[str, Any]]:
              "alpha": o.run.alpha, "fraction": o.run.fraction, "beta": o.run.beta, "eta_eff": o.run.eta_eff,
              "lr": o.run.lr, "seed": o.run.seed, "rounds": o.run.rounds, "steps": o.run.steps, "status": o.status,
              "accuracy": o.accuracy, "last_round_accuracy": o.last_round_accuracy, "val_loss": o.val_loss, "wall_s": o.wall_s,
-             "dir": str(o.run.spec.out),
-             "error": o.error} for o in outs]
+             "dir": str(o.run.spec.out), "error": o.error} for o in outs]
 
 
 def write_csv(table: list[dict[str, Any]], path: Path) -> None:
@@ -560,7 +562,7 @@ def runs_table(outs: Sequence[Outcome]) -> list[str]:
                      f"{'-' if r.eta_eff is None else fmt(r.eta_eff)} | {r.lr:g} | {r.seed} | {r.rounds} | {r.steps} | "
                      f"{acc} | {o.status} |")
     for o in outs:
-        if o.status in ("failed", "timeout", "incomplete"):
+        if o.status in FAILED:
             lines.append(f"\nFailed (excluded from every table): {o.run.run_id}: {o.error}; "
                          f"stderr: {Path(o.run.spec.out) / 'stderr.txt'}")
     return lines
@@ -990,7 +992,7 @@ def hsu2019(argv: list[str] | None = None, *, launcher: Launcher = torchrun_laun
               "cells": [{"algo": k[0], "alpha": k[1], "fraction": k[2], "beta": None if c.setting is None else c.setting[0],
                          "eta_eff": None if c.setting is None else c.setting[1], "accuracies": c.accs, "edge": c.edge}
                         for k, c in cells.items()],
-              "claims": claims, "failed": [o.run.run_id for o in outs if o.status in ("failed", "timeout", "incomplete")],
+              "claims": claims, "failed": [o.run.run_id for o in outs if o.status in FAILED],
               "runs": rows(outs)}
     out = Path(args.out)
     paths = write_report("hsu2019", out, text, report, report["runs"])
@@ -1490,7 +1492,7 @@ def hsu2020(argv: list[str] | None = None, *, launcher: Launcher = torchrun_laun
               "fedir": [{"algo": k[0], "alpha": k[1], "without": v[0], "with": v[1], "gains": v[2]} for k, v in gains.items()],
               "fedvc": [{"algo": k[0], "fedvc": k[1], **v} for k, v in vc.items()],
               "population_sizes": {str(k): v.tolist() for k, v in sizes.items()},
-              "claims": claims, "failed": [o.run.run_id for o in outs if o.status in ("failed", "timeout", "incomplete")],
+              "claims": claims, "failed": [o.run.run_id for o in outs if o.status in FAILED],
               "runs": rows(outs)}
     out = Path(args.out)
     paths = write_report("hsu2020", out, text, report, report["runs"])
