@@ -189,13 +189,13 @@ def test_hsu2020_round_lengths_from_geodmls_fedavg():
 def test_hsu2020_plan_counts_and_flags(tmp_path):
     args = hsu.parse_2020(["--out", str(tmp_path / "s")])
     # a hand-made population: every client 640 examples -> 10 steps a round, S(r) = 10 r, so batches 400/1000/2000
-    # fall at rounds 40/100/200, already round budgets: 10 E = 1 runs per algorithm and seed
+    # fall at rounds 40/100/200, already round budgets: 10 budgets, one E = 1 run per algorithm and seed
     sizes = {s: np.full(100, 640) for s in (0, 1, 2)}
     runs = {r.run_id: r for r in hsu.plan_2020(args, sizes)}
     fedir = [r for r in runs.values() if r.part == "fedir"]
     assert len(fedir) == 4 * 2 * 2 * 3   # alphas 100, 1, 0.2, 0.05 x FedAvg/FedAvgM x FedIR off/on x 3 seeds
     assert len([r for r in runs.values() if r.part == "fedvc"]) == 2 * 3
-    assert len([r for r in runs.values() if r.part == "e1"]) == 2 * 3 * 10
+    assert len([r for r in runs.values() if r.part == "e1"]) == 2 * 3
     ir = runs["ir-fedavgm-fedir-a0.05-s2"].spec.argv
     assert "--fedir" in ir and flag(ir, "--lr") == "0.01" and flag(ir, "--server-momentum") == "0.9"
     assert flag(ir, "--server-lr") == "1" and "--server-nesterov" not in ir and flag(ir, "--client-fraction") == "0.1"
@@ -206,10 +206,13 @@ def test_hsu2020_plan_counts_and_flags(tmp_path):
     assert flag(vc, "--size-zipf") == "1" and flag(vc, "--client-size") == "3000" and flag(vc, "--alpha") == "1"
     # FedVC rounds are ceil(256 / 64) = 4 steps: 2000 batches; evaluated every gcd(80, 160, ..., 1000, 2000) = 40 steps
     assert flag(vc, "--steps") == "2000" and flag(vc, "--eval-every") == "40"
-    e1 = runs["vc-fedavg-e1-r60-s0"]
+    e1 = runs["vc-fedavg-e1-s0"]
     assert flag(e1.spec.argv, "--local-epochs") == "1" and "--virtual-client-size" not in e1.spec.argv
-    assert int(flag(e1.spec.argv, "--steps")) == 10 * e1.rounds == int(flag(e1.spec.argv, "--eval-every"))
-    assert e1.client_steps == 10 * 10 * e1.rounds  # 10 participants x 10 steps per round
+    # 200 rounds of 10 steps, evaluated at the end and after rounds 20, 40, ..., 180
+    assert e1.rounds == 200 and flag(e1.spec.argv, "--steps") == "2000" == flag(e1.spec.argv, "--eval-every")
+    assert flag(e1.spec.argv, "--eval-at") == "200,400,600,800,1000,1200,1400,1600,1800"
+    assert e1.budget_steps == tuple((r, 10 * r) for r in range(20, 201, 20))
+    assert e1.client_steps == 10 * 10 * 200  # 10 participants x 10 steps per round
 
 
 def test_hsu2020_quick_population_and_dry_run(tmp_path, capsys):
@@ -238,18 +241,19 @@ def test_hsu2020_report_from_reused_runs(tmp_path, capsys):
     sizes = {0: np.full(20, 32), 1: np.full(20, 32)}   # 2 steps of B = 16 per round: S(r) = 2 r
     runs = hsu.plan_2020(args, sizes)
     # quick: rounds 2/5/10, batches 20/50/100 -> E = 1 rounds 10, 25, 50; curve points rounds 5, 10
-    assert sorted(r.rounds for r in runs if r.part == "e1" and r.seed == 0) == [2, 5, 10, 25, 50]
+    e1 = [r for r in runs if r.part == "e1" and r.seed == 0]
+    assert len(e1) == 1 and e1[0].budget_steps == ((2, 4), (5, 10), (10, 20), (25, 50), (50, 100))
     for r in runs:
         if r.part == "fedir":
             fake_run(out, r.spec, IR[r.run_id])
         elif r.part == "e1":
-            assert r.steps == 2 * r.rounds
-            fake_run(out, r.spec, E1[r.seed][r.rounds])
+            assert r.steps == 100 and flag(r.spec.argv, "--eval-at") == "4,10,20,50"
+            fake_run(out, r.spec, E1[r.seed][50], [(2 * k, a) for k, a in E1[r.seed].items()])
         else:   # FedVC: N_VC 64 / B 16 = 4 steps a round, 100 steps, evaluated every 4: accuracy 0.5 + step/400 (+0.02)
             assert r.steps == 100 and r.eval_every == 4
             fake_run(out, r.spec, 0.75, [(s, 0.5 + s / 400 + 0.02 * r.seed) for s in range(4, 101, 4)])
     assert hsu.hsu2020(argv, launcher=no_launch, sizes=sizes) == 0
-    assert capsys.readouterr().out.count("] reused ") == 8 + 2 + 10
+    assert capsys.readouterr().out.count("] reused ") == 8 + 2 + 2
     md = (out / "hsu2020.md").read_text()
     # FedIR: alpha 1: 80/82 -> 81/82, gains 1 and 0 pp; alpha 0.1: 50/52 -> 56/60, gains 6 and 8 pp
     assert "| 1 | 81.0 ± 1.4 | 81.5 ± 0.7 | +0.5 ± 0.7 pp |" in md
@@ -267,7 +271,7 @@ def test_hsu2020_report_from_reused_runs(tmp_path, capsys):
     assert "20 clients, 640 examples, sizes 32 (largest) / 32 (median) / 32 (smallest), E = 1 local steps 2 / 2 / 2" in md
     with open(out / "hsu2020.csv") as f:
         table = list(csv.DictReader(f))
-    assert len(table) == 20 and {r["part"] for r in table} == {"fedir", "fedvc", "e1"}
+    assert len(table) == 12 and {r["part"] for r in table} == {"fedir", "fedvc", "e1"}
     rep = json.loads((out / "hsu2020.json").read_text())
     assert next(x for x in rep["fedir"] if x["alpha"] == 0.1)["gains"] == pytest.approx([0.06, 0.08])
     for png in ("fedir_gain.png", "fedvc_curves.png"):
@@ -425,3 +429,24 @@ def test_an_incomplete_run_is_reported_failed_and_not_chosen(tmp_path, capsys):
     md = (out / "hsu2019.md").read_text()
     assert "Failed (excluded from every table): fedavg-lr0.2-a1-c0.1-s0: metrics.jsonl holds 1 of the 2" in md
     assert "1 run(s) failed: fedavg-lr0.2-a1-c0.1-s0" in capsys.readouterr().err
+
+
+def test_hsu2020_one_e1_run_evaluated_at_round_ends_equals_a_run_stopped_there(tmp_path):
+    """The E = 1 run replaces a run per budget (plan_fedvc): its evaluation at S(r) (--eval-at) scores the model
+    a run of --steps S(r) ends with. Checked on the quick plan's real population (digits, 20 Zipf-sized clients,
+    4 per round, rounds as long as their longest participant), in process, against a run stopped at the
+    second budget; the longer run lasts the third."""
+    from geodml.cli import main
+    from geodml.report import load_run
+    args = hsu.parse_2020(["--budget", "quick", "--parts", "fedvc", "--algos", "fedavg", "--out", str(tmp_path / "s")])
+    e1 = next(r for r in hsu.plan_2020(args) if r.part == "e1")
+    (r1, s1), (r2, s2), (_, s3) = e1.budget_steps[:3]
+    assert s1 * r2 != s2 * r1   # rounds of unequal length: S(r) is not proportional to r
+    cut = [*e1.spec.argv[:e1.spec.argv.index("--steps")], "--partitions", str(e1.spec.nproc), "--no-progress"]
+    assert main([*cut, "--steps", str(s2), "--eval-every", str(s2), "--out", str(tmp_path / "short")]) == 0
+    assert main([*cut, "--steps", str(s3), "--eval-every", str(s3), "--eval-at", f"{s1},{s2}",
+                 "--out", str(tmp_path / "long")]) == 0
+    short, long = load_run(tmp_path / "short").evals, load_run(tmp_path / "long").evals
+    assert [int(e["step"]) for e in long] == [s1, s2, s3] and [int(e["step"]) for e in short] == [s2]
+    assert (long[1]["val_accuracy"], long[1]["val_loss"]) == (short[0]["val_accuracy"], short[0]["val_loss"])
+    assert long[1]["val_loss"] != long[2]["val_loss"]   # the model moved on after S(r2)

@@ -65,10 +65,10 @@ classification" (Hsu et al. 2019):
   as the average of every partition's current weights (stale and half-trained ones included;
   geodml/pool.py), which is no model of the server. Their rounds have unequal lengths, so the study
   computes each seed's population and round lengths from geodml's own code
-  (geodml.run._load_and_partition, FedAvg.select_partitions / local_steps_of) and launches one run
-  per budget point with ``--steps`` ending exactly at that round's end (runs of one seed are
-  prefixes of each other). FedVC rounds are ceil(256/64) = 4 steps, so one run per seed, evaluated
-  at multiples of 4 steps, serves every budget.
+  (geodml.run._load_and_partition, FedAvg.select_partitions / local_steps_of): one run per algorithm
+  and seed lasts the longest budget and is evaluated exactly at every budget's round end
+  (``--eval-at``). FedVC rounds are ceil(256/64) = 4 steps, so one run per seed, evaluated at
+  multiples of 4 steps, serves every budget.
 
 Tests: tests/test_study_hsu.py. Run counts, time estimates and every deviation: docs/study.md.
 """
@@ -217,6 +217,8 @@ class Run:
     """Images the run evaluates (periodic and final global evaluations, the final per-partition ones), an estimate."""
     final_steps: tuple[int, ...] = ()
     """The steps (round ends) whose evaluations the run's final accuracy averages; empty or one: the last evaluation."""
+    budget_steps: tuple[tuple[int, int], ...] = ()
+    """hsu2020's E = 1 runs: (rounds r, step S(r)) of every round budget the run evaluates (--eval-at, and the end)."""
 
     @property
     def run_id(self) -> str:
@@ -1172,8 +1174,11 @@ def vc_points(args: argparse.Namespace) -> tuple[int, list[int]]:
 
 
 def plan_fedvc(args: argparse.Namespace, sizes: dict[int, np.ndarray] | None = None) -> list[Run]:
-    """FedVC runs (one per algorithm and seed) and the E = 1 runs without FedVC (one per algorithm, seed and round
-    budget: curve points, Table 2's rounds, and the rounds within each batch budget). ``sizes``: the population per
+    """FedVC runs and the E = 1 runs without FedVC, one of each per algorithm and seed. An E = 1 run lasts the
+    longest round budget and is evaluated at the end of every shorter one (--eval-at S(r)): the curve points,
+    Table 2's rounds, and the rounds within each batch budget. Its global model after r rounds is the one a run
+    stopped there ends with (client selection and data order depend on (seed, round), never on --steps:
+    tests/test_study_hsu.py checks it), so one run stands for a run per budget. ``sizes``: the population per
     seed (computed from the data when not given)."""
     p = args.protocol
     m = num_selected(args.fraction, p.clients)
@@ -1198,19 +1203,20 @@ def plan_fedvc(args: argparse.Namespace, sizes: dict[int, np.ndarray] | None = N
         rs = e1_rounds(n, m, seed, p.batch, until_rounds=args.vc.rounds, until_steps=max(args.vc.table_batches))
         within = {rs.rounds_within(b) for b in args.vc.table_batches}
         budgets = sorted((set(args.vc.curve_rounds) | set(args.vc.table_rounds) | within) - {0})
+        last, steps = budgets[-1], rs.ends[budgets[-1]]
+        at = [rs.ends[r] for r in budgets[:-1]]
         for algo in args.algos:
-            for r in budgets:
-                steps = rs.ends[r]
-                run_id = f"vc-{algo}-e1-r{r}-s{seed}"
-                argv = (*base_flags(args, seed), *population_flags(args), "--local-epochs", "1", "--lr", fmt(args.lr),
-                        *server_flags(algo, args.server_momentum, nesterov=args.server_nesterov),
-                        "--steps", str(steps), "--eval-every", str(steps), *args.geodml_args)
-                runs.append(Run(RunSpec(run_id, Path(args.out) / run_id, argv, p.clients), part="e1", algo=algo, seed=seed,
-                                lr=args.lr, alpha=args.vc_alpha, fraction=args.fraction,
-                                beta=args.server_momentum if algo == "fedavgm" else 0.0, rounds=r, steps=steps,
-                                eval_every=steps, client_steps=rs.work[r],
-                                eval_images=eval_images(args, steps=steps, eval_every=steps, m=m, rounds=r, seed=seed,
-                                                        population=total)))
+            run_id = f"vc-{algo}-e1-s{seed}"
+            argv = (*base_flags(args, seed), *population_flags(args), "--local-epochs", "1", "--lr", fmt(args.lr),
+                    *server_flags(algo, args.server_momentum, nesterov=args.server_nesterov),
+                    "--steps", str(steps), "--eval-every", str(steps), *eval_at_flags(at), *args.geodml_args)
+            runs.append(Run(RunSpec(run_id, Path(args.out) / run_id, argv, p.clients), part="e1", algo=algo, seed=seed,
+                            lr=args.lr, alpha=args.vc_alpha, fraction=args.fraction,
+                            beta=args.server_momentum if algo == "fedavgm" else 0.0, rounds=last, steps=steps,
+                            eval_every=steps, client_steps=rs.work[last],
+                            budget_steps=tuple((r, rs.ends[r]) for r in budgets),
+                            eval_images=eval_images(args, steps=steps, eval_every=steps, m=m, rounds=last, seed=seed,
+                                                    population=total, extra_evals=len(at))))
     return runs
 
 
@@ -1245,17 +1251,17 @@ def fedvc_table(args: argparse.Namespace, outs: Sequence[Outcome]) -> dict[tuple
                     def at_batch(b: int, curve=curve) -> float | None:
                         return _acc_at(curve, per * (b // per))
                 else:
-                    e1 = {o.run.rounds: o for o in outs if o.run.part == "e1" and o.run.algo == algo and o.run.seed == seed}
+                    o = next((o for o in outs if o.run.part == "e1" and o.run.algo == algo and o.run.seed == seed), None)
+                    curve = [] if o is None or not o.ok else o.curve
+                    ends = {} if o is None else dict(o.run.budget_steps)
 
-                    def at_round(r: int, e1=e1) -> float | None:
-                        o = e1.get(r)
-                        return None if o is None else o.accuracy
+                    def at_round(r: int, curve=curve, ends=ends) -> float | None:
+                        return _acc_at(curve, ends[r]) if r in ends else None
 
-                    def at_batch(b: int, e1=e1) -> float | None:
-                        fit = [o for o in e1.values() if o.run.steps <= b]
-                        if not fit:
-                            return None
-                        return max(fit, key=lambda o: o.run.steps).accuracy
+                    def at_batch(b: int, curve=curve, ends=ends) -> float | None:
+                        """The longest round budget that ends within b batches."""
+                        fit = [s for s in ends.values() if s <= b]
+                        return _acc_at(curve, max(fit)) if fit else None
                 for r in args.vc.table_rounds:
                     v = at_round(r)
                     if v is not None:
@@ -1428,9 +1434,10 @@ def plots_2020(args: argparse.Namespace, outs: Sequence[Outcome], gains: dict, o
                         o = next((o for o in outs if o.run.part == "fedvc" and o.run.algo == algo and o.run.seed == seed), None)
                         pts = [] if o is None else [(s / per, s, a) for s, a in o.curve]
                     else:
-                        e1 = sorted((o for o in outs if o.run.part == "e1" and o.run.algo == algo and o.run.seed == seed
-                                     and o.ok), key=lambda o: o.run.rounds)
-                        pts = [(o.run.rounds, o.run.steps, o.accuracy or 0.0) for o in e1]
+                        o = next((o for o in outs if o.run.part == "e1" and o.run.algo == algo and o.run.seed == seed
+                                  and o.ok), None)
+                        at = {} if o is None else dict(o.curve)
+                        pts = [(r, s, at[s]) for r, s in (() if o is None else o.run.budget_steps) if s in at]
                     if not pts:
                         continue
                     kw: dict[str, Any] = {"label": label if seed == args.seeds[0] else None, "alpha": 0.8, "lw": 1,
@@ -1444,7 +1451,7 @@ def plots_2020(args: argparse.Namespace, outs: Sequence[Outcome], gains: dict, o
         for ax in axes:
             ax.set_ylim(0, 100)
         axes[0].legend(fontsize=7)
-        fig.suptitle("hsu2020: FedVC vs E = 1 on imbalanced clients (every seed; without FedVC: runs ending at round ends)",
+        fig.suptitle("hsu2020: FedVC vs E = 1 on imbalanced clients (every seed; without FedVC: at the round budgets' ends)",
                      fontsize=9)
         fig.tight_layout()
         paths.append(out / "fedvc_curves.png")
