@@ -123,6 +123,15 @@ def check_common(args: argparse.Namespace) -> None:
         raise StudyError(f"--run-timeout must be > 0, got {args.run_timeout}")
 
 
+def final_rounds(value: int | None, *, rounds: int, quick: bool, full: int) -> int:
+    """--final-rounds W (a run's final accuracy: the mean over its last W rounds): ``value``, or quick 1 and
+    ``full`` otherwise, at most ``rounds``; StudyError outside 1..rounds."""
+    w = min(1 if quick else full, rounds) if value is None else value
+    if not 1 <= w <= rounds:
+        raise StudyError(f"--final-rounds must be in 1..{rounds} (the rounds of a run), got {w}")
+    return w
+
+
 def check_extra_flags(extra: Sequence[str], controlled: Sequence[str]) -> None:
     """Flags after '--' must parse as geodml flags and leave alone what the study sets (``controlled``: dests)."""
     from geodml.cli import UsageError

@@ -90,8 +90,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from geodml.config import DATASETS
-from geodml.study.common import matplotlib_pyplot
-from geodml.study.paper import StudyError, fmt
+from geodml.study.common import StudyError, final_rounds, fmt, matplotlib_pyplot, mean_sd, seed_list
 from geodml.study.runner import Launcher, RunResult, RunSpec, finite_floats, run_all, torchrun_launcher, validate_spec
 
 # ---- the papers' settings and numbers (quoted from the papers' text, with where) ----------------------
@@ -237,16 +236,6 @@ class _Parser(argparse.ArgumentParser):
         raise StudyError(message)
 
 
-def _seed_list(text: str) -> tuple[int, ...]:
-    try:
-        seeds = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 0,1,2, got {text!r}") from None
-    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
-        raise argparse.ArgumentTypeError(f"expected distinct seeds >= 0, got {text!r}")
-    return seeds
-
-
 def _algo_list(text: str) -> tuple[str, ...]:
     algos = tuple(a for a in text.replace(" ", "").split(",") if a)
     if not algos or any(a not in ALGO_LABEL for a in algos) or len(set(algos)) != len(algos):
@@ -266,7 +255,7 @@ def _base_parser(name: str, description: str) -> _Parser:
     p.add_argument("--model", choices=MODELS, default="cifar-cnn",
                    help="cifar-cnn: the papers' CIFAR CNN (two 5x5x64 convolutions, fc 384, fc 192); cnn: McMahan et al.'s "
                         "MNIST CNN, about 7x cheaper (not the papers')")
-    p.add_argument("--seeds", type=_seed_list, help="populations and initializations (default: quick 0, full 0,1,2)")
+    p.add_argument("--seeds", type=seed_list, help="populations and initializations (default: quick 0, full 0,1,2)")
     p.add_argument("--processes", type=int, default=1,
                    help="processes R hosting each run's 100 partitions (results do not depend on R; 1 is the cheapest: "
                         "the pool engine, one core per run; use --jobs for parallelism)")
@@ -391,13 +380,6 @@ def final_rounds_arg(p: argparse.ArgumentParser) -> None:
                    "fewer; 1: the last evaluation only); geodml evaluates those rounds too (--eval-at)")
 
 
-def check_final_rounds(args: argparse.Namespace) -> None:
-    if args.final_rounds is None:
-        args.final_rounds = min(1 if args.budget == "quick" else FULL_FINAL_ROUNDS, args.rounds)
-    if not 1 <= args.final_rounds <= args.rounds:
-        raise StudyError(f"--final-rounds must be in 1..{args.rounds} (the rounds of a run), got {args.final_rounds}")
-
-
 def tail_steps(args: argparse.Namespace, *, steps_per_round: int, every: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(the steps whose evaluations a run's final accuracy averages: the last --final-rounds round ends; those of
     them the periodic evaluation, every ``every`` steps and at the end, misses: geodml's --eval-at)."""
@@ -509,16 +491,10 @@ FAILED = ("failed", "timeout", "incomplete")
 """Outcome statuses excluded from every table and listed as failed."""
 
 
-def mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
-    if not values:
-        return None, None
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
-
-
 def pct(values: Sequence[float], planned: int | None = None) -> str:
     """'85.1 ± 0.3' (percent, mean ± sample std over seeds), '85.1' for one value, '-' for none; '(n=2/3)' when
     runs are missing."""
-    m, s = mean_std(values)
+    m, s = mean_sd(values)
     if m is None:
         return "-"
     text = f"{100 * m:.1f}" + ("" if s is None else f" ± {100 * s:.1f}")
@@ -527,7 +503,7 @@ def pct(values: Sequence[float], planned: int | None = None) -> str:
 
 def pp(values: Sequence[float], *, sign: bool = True) -> str:
     """A difference in percentage points, mean +- std: '+12.3 ± 1.0 pp' ('12.3 ± 1.0 pp' without the sign)."""
-    m, s = mean_std(values)
+    m, s = mean_sd(values)
     if m is None:
         return "-"
     return (f"{100 * m:+.1f}" if sign else f"{100 * m:.1f}") + ("" if s is None else f" ± {100 * s:.1f}") + " pp"
@@ -625,7 +601,8 @@ def parse_2019(argv: list[str]) -> argparse.Namespace:
     args.lrs = args.lrs or ((0.05, 0.2) if quick else (0.03, 0.1, 0.3))
     if args.rounds < 1:
         raise StudyError(f"--rounds must be >= 1, got {args.rounds}")
-    check_final_rounds(args)
+    args.final_rounds = final_rounds(args.final_rounds, rounds=args.rounds, quick=args.budget == "quick",
+                                     full=FULL_FINAL_ROUNDS)
     args.eval_rounds = args.eval_rounds if args.eval_rounds is not None else max(1, args.rounds // 10)
     if args.eval_rounds < 1:
         raise StudyError(f"--eval-rounds must be >= 1, got {args.eval_rounds}")
@@ -797,7 +774,7 @@ def claims_2019(args: argparse.Namespace, cells: dict[CellKey, CellResult]) -> l
             if f_ is None or m_ is None or not f_.accs or not m_.accs:
                 continue
             gain = statistics.fmean(m_.accs) - statistics.fmean(f_.accs)
-            noise = max([s for s in (mean_std(f_.accs)[1], mean_std(m_.accs)[1]) if s is not None], default=None)
+            noise = max([s for s in (mean_sd(f_.accs)[1], mean_sd(m_.accs)[1]) if s is not None], default=None)
             lost = None if ref is None else ref - statistics.fmean(f_.accs)
             share = f"; recovers {100 * gain / lost:.0f}% of FedAvg's loss to alpha={fmt(alphas[0])}" if lost and lost > 0 else ""
             out.append(f"   - C={fmt(c)}, alpha={fmt(a)}: FedAvg {pct(f_.accs)}% -> FedAvgM {pct(m_.accs)}% "
@@ -889,7 +866,7 @@ def plots_2019(args: argparse.Namespace, cells: dict[CellKey, CellResult], out: 
     def series(algo: str, c: float) -> tuple[list[int], list[float], list[float]]:
         pts = [(i, cells[(algo, a, c)].accs) for i, a in enumerate(alphas) if (algo, a, c) in cells and cells[(algo, a, c)].accs]
         return ([i for i, _ in pts], [100 * statistics.fmean(v) for _, v in pts],
-                [100 * (mean_std(v)[1] or 0.0) for _, v in pts])
+                [100 * (mean_sd(v)[1] or 0.0) for _, v in pts])
 
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     for c in sorted(args.fractions):
@@ -1077,7 +1054,8 @@ def parse_2020(argv: list[str]) -> argparse.Namespace:
         raise StudyError("--fedir-alphas must be >= 0")
     if args.rounds < 1:
         raise StudyError(f"--rounds must be >= 1, got {args.rounds}")
-    check_final_rounds(args)
+    args.final_rounds = final_rounds(args.final_rounds, rounds=args.rounds, quick=args.budget == "quick",
+                                     full=FULL_FINAL_ROUNDS)
     if args.curve_points < 1 or args.vc_rounds < 1 or args.vc_rounds % args.curve_points:
         raise StudyError(f"--vc-rounds ({args.vc_rounds}) must be a positive multiple of --curve-points ({args.curve_points})")
     if args.vc_rounds % 10:
@@ -1411,7 +1389,7 @@ def plots_2020(args: argparse.Namespace, outs: Sequence[Outcome], gains: dict, o
         for algo in args.algos:
             pts = [(i, gains[(algo, a)][2]) for i, a in enumerate(alphas) if gains[(algo, a)][2]]
             ax.errorbar([i for i, _ in pts], [100 * statistics.fmean(g) for _, g in pts],
-                        yerr=[100 * (mean_std(g)[1] or 0.0) for _, g in pts], marker="o", capsize=2, label=ALGO_LABEL[algo])
+                        yerr=[100 * (mean_sd(g)[1] or 0.0) for _, g in pts], marker="o", capsize=2, label=ALGO_LABEL[algo])
         ax.axhline(0, color="grey", lw=0.8)
         ax.set_xticks(range(len(alphas)))
         ax.set_xticklabels([fmt(a) for a in alphas])

@@ -198,10 +198,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         raise StudyError(f"--target-frac must be in (0, 1], got {args.target_frac}")
     if not (math.isfinite(args.similar_pp) and args.similar_pp >= 0):
         raise StudyError(f"--similar-pp must be >= 0, got {args.similar_pp}")
-    if args.final_rounds is None:
-        args.final_rounds = min(1 if quick else FULL_FINAL_ROUNDS, args.rounds)
-    if not 1 <= args.final_rounds <= args.rounds:
-        raise StudyError(f"--final-rounds must be in 1..{args.rounds} (the rounds of a run), got {args.final_rounds}")
+    args.final_rounds = common.final_rounds(args.final_rounds, rounds=args.rounds, quick=quick, full=FULL_FINAL_ROUNDS)
     common.check_extra_flags(extra, CONTROLLED)
     args.out = args.out or str(Path("runs") / f"study-{NAME}-{args.dataset}-{args.budget}")
     return args

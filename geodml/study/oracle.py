@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from geodml.config import DATASETS, KNOB_ALGOS, DataConfig
-from geodml.study.common import run_accuracy
+from geodml.study.common import StudyError, run_accuracy
 from geodml.study.runner import Launcher, RunResult, RunSpec, finite_floats, run_all, torchrun_launcher, validate_spec
 
 THETA_FLAGS = {"t0": "--t0", "iter_local": "--iter-local", "e_warm": "--e-warm"}
@@ -52,10 +52,6 @@ ALGO_LABEL = {"gaia": "Gaia", "fedavg": "FedAvg", "dgc": "DGC"}
 CONTROLLED = ("algo", "out", "dataset", "partition", "skew", "alpha", "shards_per_partition", "skewscout",
               "t0", "iter_local", "e_warm", "partition_eval_examples")
 EPS = 1e-12
-
-
-class StudyError(ValueError):
-    """Bad study arguments, found before anything is launched."""
 
 
 # ---- pure selection logic -------------------------------------------------------------------

@@ -70,7 +70,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from geodml.config import DATASETS, PROTOTXT_MODELS
-from geodml.study.common import mean_sd, run_accuracy, seed_list
+from geodml.study.common import StudyError, fmt, mean_sd, run_accuracy, seed_list
 from geodml.study.runner import Launcher, RunResult, RunSpec, run_all, torchrun_launcher, validate_spec
 
 PAPER_EPOCHS = 128
@@ -141,10 +141,6 @@ def paper_accuracy(algo: str, theta: float | None, model: str, setting: str) -> 
         return None
     pair = PAPER_LENET_CIFAR10.get((algo, None if theta is None else float(theta)))
     return None if pair is None else pair[setting != "iid"] / 100
-
-
-class StudyError(ValueError):
-    """Bad study arguments, found before anything is launched."""
 
 
 # ---- budgets and learning rates ----------------------------------------------------------------
@@ -231,12 +227,6 @@ def lr_for(algo: str, lr: float, nproc: int, rule: str) -> float:
         return lr / nproc if algo in SUM_ALGOS else lr
     assert rule == "same", rule
     return lr
-
-
-def fmt(value: float) -> str:
-    """Shortest exact text of a number: 0.1 -> '0.1', 20.0 -> '20'."""
-    text = repr(float(value))
-    return text[:-2] if text.endswith(".0") else text
 
 
 # ---- planned runs ----------------------------------------------------------------------------
