@@ -1211,47 +1211,51 @@ def drawdown(points: Sequence[float]) -> float:
     return sum(max(0.0, a - b) for a, b in zip(points, points[1:]))
 
 
-def fedvc_table(args: argparse.Namespace, outs: Sequence[Outcome]) -> dict[tuple[str, bool], dict[str, list[float]]]:
-    """Per (algorithm, FedVC): 'round r' / 'batch b' accuracies per seed, 'drawdown' per seed, and the curves."""
+def vc_seed(args: argparse.Namespace, outs: Sequence[Outcome], algo: str, fedvc: bool, seed: int) -> dict[str, float]:
+    """One seed's 'round r' / 'batch b' accuracies and 'drawdown' (keys missing where the run is)."""
     per, _ = vc_points(args)
+    part = "fedvc" if fedvc else "e1"
+    o = next((o for o in outs if o.run.part == part and o.run.algo == algo and o.run.seed == seed), None)
+    curve = [] if o is None or not o.ok else o.curve
+    if fedvc:
+        ends = {r: per * r for r in {*args.vc.table_rounds, *args.vc.curve_rounds}}
+        fits = {b: per * (b // per) for b in args.vc.table_batches}
+    else:
+        ends = {} if o is None else dict(o.run.budget_steps)
+        # without FedVC, batch budget b: the longest round budget that ends within b batches
+        fits = {b: max((x for x in ends.values() if x <= b), default=None) for b in args.vc.table_batches}
+    d: dict[str, float] = {}
+    for key, step in [*((f"round {r}", ends.get(r)) for r in args.vc.table_rounds),
+                      *((f"batch {b}", fits[b]) for b in args.vc.table_batches)]:
+        if step is not None and (v := _acc_at(curve, step)) is not None:
+            d[key] = v
+    pts = [None if r not in ends else _acc_at(curve, ends[r]) for r in args.vc.curve_rounds]
+    if all(x is not None for x in pts):
+        d["drawdown"] = drawdown([x for x in pts if x is not None])
+    return d
+
+
+def fedvc_table(args: argparse.Namespace, outs: Sequence[Outcome]) -> dict[tuple[str, bool], dict[str, list[float]]]:
+    """Per (algorithm, FedVC): 'round r' / 'batch b' accuracies and 'drawdown', one value per seed that has it."""
     res: dict[tuple[str, bool], dict[str, list[float]]] = {}
     for algo in args.algos:
         for fedvc in (False, True):
             d: dict[str, list[float]] = {}
             for seed in args.seeds:
-                if fedvc:
-                    o = next((o for o in outs if o.run.part == "fedvc" and o.run.algo == algo and o.run.seed == seed), None)
-                    curve = [] if o is None or not o.ok else o.curve
-
-                    def at_round(r: int, curve=curve) -> float | None:
-                        return _acc_at(curve, per * r)
-
-                    def at_batch(b: int, curve=curve) -> float | None:
-                        return _acc_at(curve, per * (b // per))
-                else:
-                    o = next((o for o in outs if o.run.part == "e1" and o.run.algo == algo and o.run.seed == seed), None)
-                    curve = [] if o is None or not o.ok else o.curve
-                    ends = {} if o is None else dict(o.run.budget_steps)
-
-                    def at_round(r: int, curve=curve, ends=ends) -> float | None:
-                        return _acc_at(curve, ends[r]) if r in ends else None
-
-                    def at_batch(b: int, curve=curve, ends=ends) -> float | None:
-                        """The longest round budget that ends within b batches."""
-                        fit = [s for s in ends.values() if s <= b]
-                        return _acc_at(curve, max(fit)) if fit else None
-                for r in args.vc.table_rounds:
-                    v = at_round(r)
-                    if v is not None:
-                        d.setdefault(f"round {r}", []).append(v)
-                for b in args.vc.table_batches:
-                    v = at_batch(b)
-                    if v is not None:
-                        d.setdefault(f"batch {b}", []).append(v)
-                pts = [at_round(r) for r in args.vc.curve_rounds]
-                if all(x is not None for x in pts):
-                    d.setdefault("drawdown", []).append(drawdown([x for x in pts if x is not None]))
+                for key, v in vc_seed(args, outs, algo, fedvc, seed).items():
+                    d.setdefault(key, []).append(v)
             res[(algo, fedvc)] = d
+    return res
+
+
+def fedvc_gains(args: argparse.Namespace, outs: Sequence[Outcome]) -> dict[tuple[str, str], list[float]]:
+    """Per (algorithm, 'round r' / 'batch b' / 'drawdown'): FedVC minus without, per seed that has both."""
+    res: dict[tuple[str, str], list[float]] = {}
+    for algo in args.algos:
+        for seed in args.seeds:
+            off, on = vc_seed(args, outs, algo, False, seed), vc_seed(args, outs, algo, True, seed)
+            for key in off.keys() & on.keys():
+                res.setdefault((algo, key), []).append(on[key] - off[key])
     return res
 
 
@@ -1273,7 +1277,7 @@ def fedir_gains(args: argparse.Namespace, outs: Sequence[Outcome]) -> Gains:
     return res
 
 
-def claims_2020(args: argparse.Namespace, gains: dict, vc: dict) -> list[str]:
+def claims_2020(args: argparse.Namespace, gains: dict, vc: dict, vc_gains: dict[tuple[str, str], list[float]]) -> list[str]:
     out: list[str] = []
     if "fedir" in args.parts:
         out.append("1. **FedIR helps in the more non-identical cases (Section 6.2; there on iNaturalist/Landmarks user splits; "
@@ -1291,14 +1295,16 @@ def claims_2020(args: argparse.Namespace, gains: dict, vc: dict) -> list[str]:
         out.append("   - paper (5k rounds, report goal 10, FedIR gain): " + "; ".join(
             f"{ALGO_LABEL[a]} {d}: {v[1] - v[0]:+.1f} pp" for (d, a), v in H20_FEDIR.items()))
     if "fedvc" in args.parts:
-        out.append("2. **FedVC gives higher accuracy at fixed round and batch budgets on imbalanced clients (Table 2).**")
+        out.append("2. **FedVC gives higher accuracy at fixed round and batch budgets on imbalanced clients (Table 2): "
+                   "without -> with FedVC, and the paired per-seed difference.**")
         for algo in args.algos:
             off, on = vc.get((algo, False), {}), vc.get((algo, True), {})
             parts = []
             for key in [f"round {r}" for r in args.vc.table_rounds] + [f"batch {b}" for b in args.vc.table_batches]:
                 if off.get(key) and on.get(key):
-                    parts.append(f"{key}: {pct(off[key])} -> {pct(on[key])} "
-                                 f"({100 * (statistics.fmean(on[key]) - statistics.fmean(off[key])):+.1f} pp)")
+                    paired = vc_gains.get((algo, key), [])
+                    parts.append(f"{key}: {pct(off[key])} -> {pct(on[key])} (paired {pp(paired)}, higher in "
+                                 f"{sum(g > 0 for g in paired)} of {len(paired)} seeds)")
             if parts:
                 out.append(f"   - {ALGO_LABEL[algo]}: " + "; ".join(parts))
         out.append("3. **FedVC decreases the volatility of the learning curves (Figure 6): accuracy drawdown (sum of falls "
@@ -1306,8 +1312,10 @@ def claims_2020(args: argparse.Namespace, gains: dict, vc: dict) -> list[str]:
         for algo in args.algos:
             off, on = vc.get((algo, False), {}), vc.get((algo, True), {})
             if off.get("drawdown") or on.get("drawdown"):
+                paired = vc_gains.get((algo, "drawdown"), [])
                 out.append(f"   - {ALGO_LABEL[algo]}: without FedVC {pp(off.get('drawdown', []), sign=False)}, "
-                           f"with FedVC {pp(on.get('drawdown', []), sign=False)}")
+                           f"with FedVC {pp(on.get('drawdown', []), sign=False)}; lower with FedVC in "
+                           f"{sum(g < 0 for g in paired)} of {len(paired)} seeds")
     return out
 
 
@@ -1469,13 +1477,15 @@ def hsu2020(argv: list[str] | None = None, *, launcher: Launcher = torchrun_laun
     outs = outcomes(runs, results, curves=True)
     gains = fedir_gains(args, outs) if "fedir" in args.parts else {}
     vc = fedvc_table(args, outs) if "fedvc" in args.parts else {}
-    claims = claims_2020(args, gains, vc)
+    vc_gains = fedvc_gains(args, outs) if "fedvc" in args.parts else {}
+    claims = claims_2020(args, gains, vc, vc_gains)
     text = markdown_2020(args, outs, gains, vc, claims, sizes)
     report = {"study": "hsu2020", "paper": "Hsu, Qi & Brown 2020", "budget": args.budget, "dataset": args.dataset,
               "model": args.model, "seeds": list(args.seeds), "parts": list(args.parts), "out": str(args.out),
               "final_rounds": args.final_rounds,
               "fedir": [{"algo": k[0], "alpha": k[1], "without": v[0], "with": v[1], "gains": v[2]} for k, v in gains.items()],
               "fedvc": [{"algo": k[0], "fedvc": k[1], **v} for k, v in vc.items()],
+              "fedvc_gains": [{"algo": a, "budget": key, "gains": g} for (a, key), g in vc_gains.items()],
               "population_sizes": {str(k): v.tolist() for k, v in sizes.items()},
               "claims": claims, "failed": [o.run.run_id for o in outs if o.status in FAILED],
               "runs": rows(outs)}
