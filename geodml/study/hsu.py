@@ -1211,11 +1211,15 @@ def drawdown(points: Sequence[float]) -> float:
     return sum(max(0.0, a - b) for a, b in zip(points, points[1:]))
 
 
+def _outcome(outs: Sequence[Outcome], part: str, algo: str, seed: int) -> Outcome | None:
+    """hsu2020's one run of ``part`` ('fedvc' or 'e1') for an algorithm and seed."""
+    return next((o for o in outs if o.run.part == part and o.run.algo == algo and o.run.seed == seed), None)
+
+
 def vc_seed(args: argparse.Namespace, outs: Sequence[Outcome], algo: str, fedvc: bool, seed: int) -> dict[str, float]:
     """One seed's 'round r' / 'batch b' accuracies and 'drawdown' (keys missing where the run is)."""
     per, _ = vc_points(args)
-    part = "fedvc" if fedvc else "e1"
-    o = next((o for o in outs if o.run.part == part and o.run.algo == algo and o.run.seed == seed), None)
+    o = _outcome(outs, "fedvc" if fedvc else "e1", algo, seed)
     curve = [] if o is None or not o.ok else o.curve
     if fedvc:
         ends = {r: per * r for r in {*args.vc.table_rounds, *args.vc.curve_rounds}}
@@ -1235,25 +1239,34 @@ def vc_seed(args: argparse.Namespace, outs: Sequence[Outcome], algo: str, fedvc:
     return d
 
 
-def fedvc_table(args: argparse.Namespace, outs: Sequence[Outcome]) -> dict[tuple[str, bool], dict[str, list[float]]]:
+VCSeeds = dict[tuple[str, bool, int], dict[str, float]]
+"""vc_seed's values per (algorithm, FedVC, seed)."""
+
+
+def vc_seeds(args: argparse.Namespace, outs: Sequence[Outcome]) -> VCSeeds:
+    return {(algo, fedvc, seed): vc_seed(args, outs, algo, fedvc, seed)
+            for algo in args.algos for fedvc in (False, True) for seed in args.seeds}
+
+
+def fedvc_table(args: argparse.Namespace, per_seed: VCSeeds) -> dict[tuple[str, bool], dict[str, list[float]]]:
     """Per (algorithm, FedVC): 'round r' / 'batch b' accuracies and 'drawdown', one value per seed that has it."""
     res: dict[tuple[str, bool], dict[str, list[float]]] = {}
     for algo in args.algos:
         for fedvc in (False, True):
             d: dict[str, list[float]] = {}
             for seed in args.seeds:
-                for key, v in vc_seed(args, outs, algo, fedvc, seed).items():
+                for key, v in per_seed[(algo, fedvc, seed)].items():
                     d.setdefault(key, []).append(v)
             res[(algo, fedvc)] = d
     return res
 
 
-def fedvc_gains(args: argparse.Namespace, outs: Sequence[Outcome]) -> dict[tuple[str, str], list[float]]:
+def fedvc_gains(args: argparse.Namespace, per_seed: VCSeeds) -> dict[tuple[str, str], list[float]]:
     """Per (algorithm, 'round r' / 'batch b' / 'drawdown'): FedVC minus without, per seed that has both."""
     res: dict[tuple[str, str], list[float]] = {}
     for algo in args.algos:
         for seed in args.seeds:
-            off, on = vc_seed(args, outs, algo, False, seed), vc_seed(args, outs, algo, True, seed)
+            off, on = per_seed[(algo, False, seed)], per_seed[(algo, True, seed)]
             for key in off.keys() & on.keys():
                 res.setdefault((algo, key), []).append(on[key] - off[key])
     return res
@@ -1417,11 +1430,10 @@ def plots_2020(args: argparse.Namespace, outs: Sequence[Outcome], gains: dict, o
                 label = f"{ALGO_LABEL[algo]}{' + FedVC' if fedvc else ''}"
                 for seed in args.seeds:
                     if fedvc:
-                        o = next((o for o in outs if o.run.part == "fedvc" and o.run.algo == algo and o.run.seed == seed), None)
+                        o = _outcome(outs, "fedvc", algo, seed)
                         pts = [] if o is None else [(s / per, s, a) for s, a in o.curve]
                     else:
-                        o = next((o for o in outs if o.run.part == "e1" and o.run.algo == algo and o.run.seed == seed
-                                  and o.ok), None)
+                        o = _outcome(outs, "e1", algo, seed)
                         at = {} if o is None else dict(o.curve)
                         pts = [(r, s, at[s]) for r, s in (() if o is None else o.run.budget_steps) if s in at]
                     if not pts:
@@ -1476,8 +1488,9 @@ def hsu2020(argv: list[str] | None = None, *, launcher: Launcher = torchrun_laun
     results = execute(args, runs, launcher)
     outs = outcomes(runs, results, curves=True)
     gains = fedir_gains(args, outs) if "fedir" in args.parts else {}
-    vc = fedvc_table(args, outs) if "fedvc" in args.parts else {}
-    vc_gains = fedvc_gains(args, outs) if "fedvc" in args.parts else {}
+    per_seed = vc_seeds(args, outs) if "fedvc" in args.parts else {}
+    vc = fedvc_table(args, per_seed) if per_seed else {}
+    vc_gains = fedvc_gains(args, per_seed) if per_seed else {}
     claims = claims_2020(args, gains, vc, vc_gains)
     text = markdown_2020(args, outs, gains, vc, claims, sizes)
     report = {"study": "hsu2020", "paper": "Hsu, Qi & Brown 2020", "budget": args.budget, "dataset": args.dataset,
