@@ -304,6 +304,7 @@ def _secret_not_in_store(rank, world):
     comm = build_comm(CommConfig(wan="off", timeout_s=20), rank=rank, world_size=world)
     store = dist.distributed_c10d._get_default_store()
     old_key_there = store.check(["geodml/comm/0/key"])  # where the secret used to be published
+    dist.barrier()   # rank 0 hosts the store: nobody leaves before every rank has asked it
     key = comm._transport._mac_key if comm._transport is not None else b""
     comm.close()
     return old_key_there, key
