@@ -173,6 +173,7 @@ def test_skewscout_full_plan_uses_the_extended_grids(tmp_path):
     (["--levels", "0"], "--levels are non-IID fractions"),
     (["--", "--seed", "3"], "--seed are set by the study"),
     (["--", "--skewscout-grid", "0.1,0.2"], "--skewscout-grid are set by the study"),
+    (["--", "--t0=0.3"], "--t0 are set by the study"),  # paper's study flags too, in the '=' form
 ])
 def test_skewscout_bad_arguments(tmp_path, capsys, extra, message):
     base = ["--budget", "quick", "--steps", "8", "--grid", "0.05,0.5", "--out", str(tmp_path / "s")]
@@ -188,6 +189,7 @@ def test_skewscout_bad_arguments(tmp_path, capsys, extra, message):
     (["--steps", "3"], "--steps is for --budget quick"),
     (["--lr", "-1"], "--lr must be > 0"),
     (["--", "--lr", "0.1"], "--lr are set by the study"),
+    (["--", "--lr=0.1"], "--lr are set by the study"),
     (["--", "--no-such-flag"], "unrecognized arguments"),
     (["--", "--batch-size", "0"], "batch"),
 ])

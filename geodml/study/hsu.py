@@ -90,8 +90,9 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from geodml.config import DATASETS
+from geodml.study import common
 from geodml.study.common import StudyError, final_rounds, fmt, matplotlib_pyplot, mean_sd, seed_list
-from geodml.study.runner import Launcher, RunResult, RunSpec, finite_floats, run_all, torchrun_launcher, validate_spec
+from geodml.study.runner import Launcher, RunResult, RunSpec, finite_floats, run_all, torchrun_launcher
 
 # ---- the papers' settings and numbers (quoted from the papers' text, with where) ----------------------
 
@@ -278,18 +279,6 @@ def _split_argv(argv: list[str]) -> tuple[list[str], tuple[str, ...]]:
     return argv, ()
 
 
-def check_extra_flags(extra: tuple[str, ...]) -> None:
-    from geodml.cli import UsageError
-    from geodml.cli import build_parser as geodml_parser
-    try:
-        given = vars(geodml_parser().parse_args(list(extra)))
-    except UsageError as exc:
-        raise StudyError(f"flags after '--': {exc}") from None
-    taken = [f"--{d.replace('_', '-')}" for d in given if d in CONTROLLED]
-    if taken:
-        raise StudyError(f"flags after '--': {', '.join(taken)} are set by the study")
-
-
 def _finish_common(name: str, args: argparse.Namespace, extra: tuple[str, ...]) -> None:
     """Defaults by budget and the checks every hsu study shares (StudyError on bad input)."""
     args.name, args.geodml_args = name, extra
@@ -304,7 +293,7 @@ def _finish_common(name: str, args: argparse.Namespace, extra: tuple[str, ...]) 
         raise StudyError(f"--run-timeout must be > 0, got {args.run_timeout}")
     if args.out is None:
         args.out = str(Path("runs") / f"study-{name}-{args.dataset}-{args.budget}")
-    check_extra_flags(extra)
+    common.check_extra_flags(extra, CONTROLLED)
 
 
 def _positive(name: str, values: Iterable[float]) -> None:
@@ -407,14 +396,6 @@ def estimate_text(args: argparse.Namespace, runs: Sequence[Run]) -> str:
             f"{STEP_S[args.model]} s per 64-example step and {EVAL_S[args.model]} s per 10,000 test images of {args.model} "
             f"(measured on a loaded 2-core machine, docs/study.md): ~{total_h / args.jobs:,.1f} h with --jobs {args.jobs} "
             f"on as many free cores")
-
-
-def validate_runs(runs: Iterable[Run]) -> None:
-    for r in runs:
-        try:
-            validate_spec(r.spec)
-        except ValueError as exc:
-            raise StudyError(f"run {r.run_id}: {exc}") from None
 
 
 def prune_partition_models(result: RunResult) -> None:
@@ -938,7 +919,7 @@ def hsu2019(argv: list[str] | None = None, *, launcher: Launcher = torchrun_laun
     try:
         args = parse_2019(argv)
         tuning = plan_2019_tuning(args)
-        validate_runs(tuning)
+        common.validate_specs([r.spec for r in tuning])
     except StudyError as exc:
         print(f"geodml.study hsu2019: error: {exc}", file=sys.stderr)
         return 2
@@ -955,7 +936,7 @@ def hsu2019(argv: list[str] | None = None, *, launcher: Launcher = torchrun_laun
     chosen = choose_2019(args, outcomes(tuning, res1))
     confirm = plan_2019_confirm(args, chosen)
     try:
-        validate_runs(confirm)
+        common.validate_specs([r.spec for r in confirm])
     except StudyError as exc:
         print(f"geodml.study hsu2019: error: {exc}", file=sys.stderr)
         return 2
@@ -1471,7 +1452,7 @@ def hsu2020(argv: list[str] | None = None, *, launcher: Launcher = torchrun_laun
             except ValueError as exc:  # no dataset, or more examples than it has (DatasetError is a ValueError)
                 raise StudyError(f"the FedVC population: {exc}") from None
         runs = plan_2020(args, sizes)
-        validate_runs(runs)
+        common.validate_specs([r.spec for r in runs])
     except StudyError as exc:
         print(f"geodml.study hsu2020: error: {exc}", file=sys.stderr)
         return 2

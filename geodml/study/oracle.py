@@ -43,8 +43,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from geodml.config import DATASETS, KNOB_ALGOS, DataConfig
+from geodml.study import common
 from geodml.study.common import StudyError, run_accuracy
-from geodml.study.runner import Launcher, RunResult, RunSpec, finite_floats, run_all, torchrun_launcher, validate_spec
+from geodml.study.runner import Launcher, RunResult, RunSpec, finite_floats, run_all, torchrun_launcher
 
 THETA_FLAGS = {"t0": "--t0", "iter_local": "--iter-local", "e_warm": "--e-warm"}
 ALGO_LABEL = {"gaia": "Gaia", "fedavg": "FedAvg", "dgc": "DGC"}
@@ -213,28 +214,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def check_extra_flags(extra: tuple[str, ...]) -> None:
-    """The flags after '--' must be valid geodml flags and not ones the study sets."""
-    from geodml.cli import UsageError
-    from geodml.cli import build_parser as geodml_parser
-    try:
-        given = vars(geodml_parser().parse_args(list(extra)))
-    except UsageError as exc:
-        raise StudyError(f"flags after '--': {exc}") from None
-    taken = [f"--{d.replace('_', '-')}" for d in given if d in CONTROLLED]
-    if taken:
-        raise StudyError(f"flags after '--': {', '.join(taken)} are set by the study (use the study's own flags)")
-
-
-def validate_runs(runs: list[Planned]) -> None:
-    """Every run's flags through geodml's own validation (what torchrun would reject), and reuse safety."""
-    for p in runs:
-        try:
-            validate_spec(p.spec)
-        except ValueError as exc:
-            raise StudyError(f"run {p.spec.run_id}: {exc}") from None
-
-
 def resolve_grid(algo: str, grid: tuple[float, ...] | None) -> tuple[str, tuple[float, ...], tuple[float, ...]]:
     """(theta_name, grid to run in conservative order, the algorithm's full grid)."""
     from geodml.algorithms import algorithm_factory
@@ -383,10 +362,10 @@ def write_outputs(report: dict, out: Path) -> str:
 def prepare(argv: list[str]) -> tuple[argparse.Namespace, str, tuple[float, ...], list[Planned]]:
     """Parse and validate everything; raises StudyError (argparse errors exit 2 themselves)."""
     args = parse_args(argv)
-    check_extra_flags(args.geodml_args)
+    common.check_extra_flags(args.geodml_args, CONTROLLED)
     theta_name, grid, algo_grid = resolve_grid(args.algo, args.grid)
     runs = plan(args, theta_name, grid, algo_grid)
-    validate_runs(runs)
+    common.validate_specs([p.spec for p in runs])
     return args, theta_name, grid, runs
 
 

@@ -70,8 +70,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from geodml.config import DATASETS, PROTOTXT_MODELS
+from geodml.study import common
 from geodml.study.common import StudyError, fmt, mean_sd, run_accuracy, seed_list
-from geodml.study.runner import Launcher, RunResult, RunSpec, run_all, torchrun_launcher, validate_spec
+from geodml.study.runner import Launcher, RunResult, RunSpec, run_all, torchrun_launcher
 
 PAPER_EPOCHS = 128
 PAPER_LR = 0.002
@@ -793,35 +794,14 @@ def parse_args(name: str, argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def check_extra_flags(extra: tuple[str, ...]) -> None:
-    from geodml.cli import UsageError
-    from geodml.cli import build_parser as geodml_parser
-    try:
-        given = vars(geodml_parser().parse_args(list(extra)))
-    except UsageError as exc:
-        raise StudyError(f"flags after '--': {exc}") from None
-    taken = [f"--{d.replace('_', '-')}" for d in given if d in CONTROLLED and f"--{d.replace('_', '-')}" in extra]
-    if taken:
-        raise StudyError(f"flags after '--': {', '.join(taken)} are set by the study (use the study's own flags)")
-
-
-def validate_specs(specs: list[RunSpec]) -> None:
-    """Every run's flags through geodml's own validation, and reuse safety, before anything launches."""
-    for spec in specs:
-        try:
-            validate_spec(spec)
-        except ValueError as exc:
-            raise StudyError(f"run {spec.run_id}: {exc}") from None
-
-
 def prepare(name: str, argv: list[str]) -> tuple[argparse.Namespace, Budget, list[Cell]]:
     args = parse_args(name, argv)
     budget = make_budget(args)
-    check_extra_flags(args.geodml_args)
+    common.check_extra_flags(args.geodml_args, CONTROLLED)
     planner = Planner(args, budget)
     PLANS[name](planner)
     cells = list(planner.cells.values())
-    validate_specs([c.spec for c in cells])
+    common.validate_specs([c.spec for c in cells])
     return args, budget, cells
 
 

@@ -61,7 +61,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from geodml.study import paper
+from geodml.study import common, paper
 from geodml.study.common import run_accuracy
 from geodml.study.runner import Launcher, RunResult, RunSpec, finite_floats, run_all, torchrun_launcher
 
@@ -123,7 +123,7 @@ def knob_algos(args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """Study-level checks (StudyError); geodml's own flags are checked per run by paper.validate_specs."""
+    """Study-level checks (StudyError); geodml's own flags are checked per run by common.validate_specs."""
     if args.travel_every is not None and args.travel_decisions is not None:
         raise paper.StudyError("--travel-every (steps) and --travel-decisions (per run) set the same cadence; give one")
     for name in ("travel_every", "travel_decisions"):
@@ -138,10 +138,6 @@ def check_args(args: argparse.Namespace) -> None:
         raise paper.StudyError("--grid replaces one algorithm's grid: give one of gaia, fedavg, dgc in --algos")
     if any(not 0 < v <= 1 for v in args.levels):
         raise paper.StudyError(f"--levels are non-IID fractions in (0, 1], got {args.levels}")
-    extra = args.geodml_args
-    taken = [f"--{d.replace('_', '-')}" for d in CONTROLLED if f"--{d.replace('_', '-')}" in extra]
-    if taken:
-        raise paper.StudyError(f"flags after '--': {', '.join(taken)} are set by the study (use the study's own flags)")
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, paper.Budget]:
@@ -151,7 +147,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, paper.Budget]:
     if args.travel_every is None and args.travel_decisions is None:
         args.travel_decisions = PAPER_DECISIONS
     budget = paper.make_budget(args)
-    paper.check_extra_flags(args.geodml_args)
+    common.check_extra_flags(args.geodml_args, paper.CONTROLLED + CONTROLLED)
     check_args(args)
     return args, budget
 
@@ -415,7 +411,7 @@ def write_plot(report: dict, path: Path) -> Path | None:
 def prepare(argv: list[str]) -> tuple[argparse.Namespace, paper.Budget, list[Fig8Run]]:
     args, budget = parse(argv)
     runs = plan(args, budget)
-    paper.validate_specs([r.spec for r in runs])
+    common.validate_specs([r.spec for r in runs])
     return args, budget, runs
 
 
