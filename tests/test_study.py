@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import importlib
 import json
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from geodml.study import paper, runner, skewscout
+from geodml.study import STUDIES, paper, runner, skewscout
 
 
 def no_launch(spec, stdout, stderr):
@@ -442,3 +443,39 @@ def test_processes_host_blocks_of_partitions_and_do_not_change_a_runs_identity(t
     assert seen == [(3, ("--algo", "gaia", "--partitions", "6")), (2, ("--algo", "bsp"))]
     with pytest.raises(ValueError, match="processes must be >= 1"):
         runner.run_all([spec], processes=0, launcher=launch)
+
+
+# ---- --dry-run: every study prints its plan and launches nothing ------------------------------------
+
+@pytest.mark.parametrize("name", sorted(STUDIES))
+def test_dry_run_prints_the_plan_and_launches_nothing(name, tmp_path, capsys):
+    """Every study takes --dry-run: its arguments are checked, the plan is listed (one line per run, each
+    "to run" here) and nothing is launched or written."""
+    module, func = STUDIES[name].split(":")
+    main = getattr(importlib.import_module(module), func)
+    budget = [] if name == "oracle" else ["--budget", "quick"]
+    assert main([*budget, "--dry-run", "--out", str(tmp_path / "s")], launcher=no_launch) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    head = [x for x in lines if x.startswith("plan: ")]
+    runs = [x for x in lines if x.startswith("  to run ")]
+    assert len(head) == 1 and runs, out
+    assert head[0].startswith(f"plan: {len(runs)} runs, 0 finished (reused), {len(runs)} to run;"), head[0]
+    assert not (tmp_path / "s").exists()
+
+
+def test_dry_run_marks_finished_runs(tmp_path, capsys):
+    """A run whose directory holds summary.json (launched with the same flags) is listed as finished."""
+    out = tmp_path / "s"
+    args = ["--budget", "quick", "--dry-run", "--out", str(out)]
+    _, _, cells = paper.prepare("noniid", args)
+    spec = cells[1].spec
+    spec.out.mkdir(parents=True)
+    (spec.out / "launch.json").write_text(json.dumps(runner.launch_record(spec)))
+    (spec.out / "summary.json").write_text(json.dumps({"final_val_accuracy": 0.5}))
+    assert paper.noniid(args, launcher=no_launch) == 0
+    lines = capsys.readouterr().out.splitlines()
+    n = len(cells)
+    assert f"plan: {n} runs, 1 finished (reused), {n - 1} to run; nothing launched (--dry-run)" in lines
+    assert f"  finished {spec.run_id}: {' '.join(spec.argv)}" in lines
+    assert sum(x.startswith("  to run ") for x in lines) == n - 1

@@ -1,8 +1,10 @@
-"""Shared parts of the seeded paper studies ``iwds`` and ``vanlier`` (geodml.study.iwds, geodml.study.vanlier).
+"""Shared parts of the studies (geodml.study.*; the parser and ``run_and_report`` are iwds's, vanlier's
+and plateau's, the checks every study's).
 
 * Arguments: a parser whose errors are one line (``geodml.study NAME: error: ...``, exit 2), the
-  common flags (``--budget``, ``--seeds``, ``--jobs``, ``--processes``, ``--out`` ...), and the
-  check that flags after ``--`` do not touch what the study sets itself.
+  common flags (``--budget``, ``--seeds``, ``--jobs``, ``--processes``, ``--out``, ``--dry-run`` ...), the
+  check that flags after ``--`` do not touch what the study sets itself, and every run's flags through
+  geodml's preflight before anything launches.
 * Run directories read back: the test-accuracy curve of ``metrics.jsonl``, the label counts of
   ``partitions.json`` and, for a saved global model (``model.pt``), its test-set ROC AUC.
 * Seed statistics (mean, sample standard deviation) and a Spearman rank correlation.
@@ -98,7 +100,25 @@ def make_parser(name: str, description: str, epilog: str) -> OneLineParser:
                    "partitions (results do not depend on it, so finished runs are reused whatever it was)")
     p.add_argument("--run-timeout", type=float, default=4 * 3600.0, help="seconds before a run is killed and reported")
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs")
+    add_dry_run(p)
     return p
+
+
+def add_dry_run(p: argparse.ArgumentParser) -> None:
+    """Every study's ``--dry-run`` (print_plan)."""
+    p.add_argument("--dry-run", action="store_true", help="print the plan (every run's id and geodml flags, and which "
+                   "are finished and would be reused) after the arguments are checked; launch nothing")
+
+
+def print_plan(specs: Sequence[RunSpec]) -> None:
+    """``--dry-run``'s listing: the run count, how many are finished (summary.json: reused, not run again), and
+    each run's state, id and geodml flags."""
+    from geodml.study.runner import read_summary
+    done = [read_summary(s.out) is not None for s in specs]
+    print(f"plan: {len(specs)} runs, {sum(done)} finished (reused), {len(specs) - sum(done)} to run; nothing launched "
+          "(--dry-run)", flush=True)
+    for spec, finished in zip(specs, done):
+        print(f"  {'finished' if finished else 'to run  '} {spec.run_id}: {' '.join(spec.argv)}", flush=True)
 
 
 def split_extra(argv: list[str]) -> tuple[list[str], tuple[str, ...]]:
@@ -159,8 +179,11 @@ def run_and_report(args: argparse.Namespace, specs: Sequence[RunSpec], launcher:
                    report: Callable[[list], dict], write: Callable[..., tuple[str, list[Path]]]) -> int:
     """The end of a study's main: run ``specs`` (``--jobs``, ``--run-timeout``, ``--processes``),
     build the report from the results, write it (``write(report, out, plots=...)``), print it and
-    the failed runs. 0: every run succeeded; 1: some failed (reported)."""
+    the failed runs. 0: every run succeeded; 1: some failed (reported). ``--dry-run``: print_plan, 0."""
     from geodml.study.runner import run_all
+    if args.dry_run:
+        print_plan(specs)
+        return 0
     results = run_all(list(specs), jobs=args.jobs, timeout_s=args.run_timeout, launcher=launcher,
                       processes=args.processes, log=lambda m: print(m, flush=True))
     rep = report(results)

@@ -264,8 +264,7 @@ def _base_parser(name: str, description: str) -> _Parser:
     p.add_argument("--run-timeout", type=float, default=12 * 3600.0, help="seconds before a run is killed and reported")
     p.add_argument("--out", help=f"study directory (default runs/study-{name}-DATASET-BUDGET)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs")
-    p.add_argument("--dry-run", action="store_true", help="print the plan, its run count and estimated machine time; "
-                   "launch nothing")
+    common.add_dry_run(p)
     p.add_argument("--keep-partition-models", action="store_true",
                    help="keep every run's rank*/model.pt (up to one per partition, 5.5 MB each for cifar-cnn); by default "
                         "they are deleted when a run ends (the reports read summary.json and metrics.jsonl)")
@@ -929,8 +928,7 @@ def hsu2019(argv: list[str] | None = None, *, launcher: Launcher = torchrun_laun
           f"{len(later)} runs at the chosen settings; {args.dataset}, budget {args.budget}, into {args.out}", flush=True)
     print("estimate: " + estimate_text(args, [*tuning, *later]), flush=True)
     if args.dry_run:
-        for r in tuning:
-            print(f"  {r.run_id}: {' '.join(r.spec.argv)}")
+        common.print_plan([r.spec for r in tuning])
         return 0
     res1 = execute(args, tuning, launcher)
     chosen = choose_2019(args, outcomes(tuning, res1))
@@ -1463,8 +1461,7 @@ def hsu2020(argv: list[str] | None = None, *, launcher: Launcher = torchrun_laun
         print(population_text(args, sizes), flush=True)
     print("estimate: " + estimate_text(args, runs), flush=True)
     if args.dry_run:
-        for r in runs:
-            print(f"  {r.run_id}: {' '.join(r.spec.argv)}")
+        common.print_plan([r.spec for r in runs])
         return 0
     results = execute(args, runs, launcher)
     outs = outcomes(runs, results, curves=True)

@@ -195,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="study directory (default runs/oracle-ALGO-DATASET-SETTING-kNPROC)")
     p.add_argument("--jobs", type=int, default=1, help="runs at a time")
     p.add_argument("--run-timeout", type=float, default=1800.0, help="seconds before a run is killed and reported")
+    common.add_dry_run(p)
     return p
 
 
@@ -379,6 +380,9 @@ def main(argv: list[str] | None = None, *, launcher: Launcher = torchrun_launche
         return 2
     print(f"oracle study: {len(runs)} runs of {args.algo} ({theta_name} in {', '.join(map(format_theta, grid))}) "
           f"on {args.dataset}, {setting_name(args)}, K={args.nproc}, into {args.out}", flush=True)
+    if args.dry_run:
+        common.print_plan([p.spec for p in runs])
+        return 0
     results = run_all([p.spec for p in runs], jobs=args.jobs, timeout_s=args.run_timeout, launcher=launcher,
                       processes=args.processes,
                       log=lambda m: print(m, flush=True))

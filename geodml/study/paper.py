@@ -763,6 +763,7 @@ def build_parser(name: str) -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=1, help="runs at a time (2 cores: keep 1)")
     p.add_argument("--run-timeout", type=float, default=3600.0, help="seconds before a run is killed and reported")
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs")
+    common.add_dry_run(p)
     if name == "skewscout":
         from geodml.study.skewscout import add_arguments
         add_arguments(p)
@@ -815,6 +816,9 @@ def main_for(name: str, argv: list[str] | None = None, *, launcher: Launcher = t
         return 2
     print(f"{name} study ({PAPER_REF[name]}): {len(cells)} runs on {args.dataset}, K={args.nproc}, budget {budget.name}, "
           f"into {args.out}", flush=True)
+    if args.dry_run:
+        common.print_plan([c.spec for c in cells])
+        return 0
     results = run_all([c.spec for c in cells], jobs=args.jobs, timeout_s=args.run_timeout, launcher=launcher,
                       processes=args.processes,
                       log=lambda m: print(m, flush=True))

@@ -425,6 +425,9 @@ def main(argv: list[str] | None = None, *, launcher: Launcher = torchrun_launche
         return 2
     print(f"skewscout study (Quagmire Figure 8): {len(runs)} runs on {args.dataset}, K={args.nproc}, budget "
           f"{budget.name}, seeds {','.join(map(str, args.seeds))}, into {args.out}", flush=True)
+    if args.dry_run:
+        common.print_plan([r.spec for r in runs])
+        return 0
     results = run_all([r.spec for r in runs], jobs=args.jobs, timeout_s=args.run_timeout, launcher=launcher,
                       processes=args.processes,
                       log=lambda m: print(m, flush=True))
