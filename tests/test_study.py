@@ -460,22 +460,33 @@ def test_dry_run_prints_the_plan_and_launches_nothing(name, tmp_path, capsys):
     head = [x for x in lines if x.startswith("plan: ")]
     runs = [x for x in lines if x.startswith("  to run ")]
     assert len(head) == 1 and runs, out
-    assert head[0].startswith(f"plan: {len(runs)} runs, 0 finished (reused), {len(runs)} to run;"), head[0]
+    assert head[0].startswith(f"plan: {len(runs)} runs, 0 finished (reused), 0 running (another study process), "
+                              f"{len(runs)} to run;"), head[0]
     assert not (tmp_path / "s").exists()
 
 
-def test_dry_run_marks_finished_runs(tmp_path, capsys):
-    """A run whose directory holds summary.json (launched with the same flags) is listed as finished."""
+def test_dry_run_marks_finished_and_running_runs(tmp_path, capsys):
+    """A run whose directory holds summary.json (launched with the same flags) is listed as finished; one whose
+    lock another process holds, as running; the rest as to run."""
     out = tmp_path / "s"
     args = ["--budget", "quick", "--dry-run", "--out", str(out)]
     _, _, cells = paper.prepare("noniid", args)
-    spec = cells[1].spec
-    spec.out.mkdir(parents=True)
-    (spec.out / "launch.json").write_text(json.dumps(runner.launch_record(spec)))
-    (spec.out / "summary.json").write_text(json.dumps({"final_val_accuracy": 0.5}))
-    assert paper.noniid(args, launcher=no_launch) == 0
+    done, busy = cells[1].spec, cells[2].spec
+    done.out.mkdir(parents=True)
+    (done.out / "launch.json").write_text(json.dumps(runner.launch_record(done)))
+    (done.out / "summary.json").write_text(json.dumps({"final_val_accuracy": 0.5}))
+    assert not runner.is_running(busy) and not runner.lock_path(busy).exists()  # probing wrote nothing
+    lock = runner.try_lock(busy)
+    try:
+        assert runner.is_running(busy)
+        assert paper.noniid(args, launcher=no_launch) == 0
+    finally:
+        lock.close()
+    assert not runner.is_running(busy)  # released with its holder
     lines = capsys.readouterr().out.splitlines()
     n = len(cells)
-    assert f"plan: {n} runs, 1 finished (reused), {n - 1} to run; nothing launched (--dry-run)" in lines
-    assert f"  finished {spec.run_id}: {' '.join(spec.argv)}" in lines
-    assert sum(x.startswith("  to run ") for x in lines) == n - 1
+    assert (f"plan: {n} runs, 1 finished (reused), 1 running (another study process), {n - 2} to run; "
+            "nothing launched (--dry-run)") in lines
+    assert f"  finished {done.run_id}: {' '.join(done.argv)}" in lines
+    assert f"  running  {busy.run_id}: {' '.join(busy.argv)}" in lines
+    assert sum(x.startswith("  to run ") for x in lines) == n - 2

@@ -111,14 +111,14 @@ def add_dry_run(p: argparse.ArgumentParser) -> None:
 
 
 def print_plan(specs: Sequence[RunSpec]) -> None:
-    """``--dry-run``'s listing: the run count, how many are finished (summary.json: reused, not run again), and
-    each run's state, id and geodml flags."""
-    from geodml.study.runner import read_summary
-    done = [read_summary(s.out) is not None for s in specs]
-    print(f"plan: {len(specs)} runs, {sum(done)} finished (reused), {len(specs) - sum(done)} to run; nothing launched "
-          "(--dry-run)", flush=True)
-    for spec, finished in zip(specs, done):
-        print(f"  {'finished' if finished else 'to run  '} {spec.run_id}: {' '.join(spec.argv)}", flush=True)
+    """``--dry-run``'s listing: the run count, how many are finished (summary.json: reused, not run again) or
+    running (another study process on this directory holds the run's lock), and each run's state, id and flags."""
+    from geodml.study.runner import is_running, read_summary
+    states = ["finished" if read_summary(s.out) is not None else "running" if is_running(s) else "to run" for s in specs]
+    print(f"plan: {len(specs)} runs, {states.count('finished')} finished (reused), {states.count('running')} running "
+          f"(another study process), {states.count('to run')} to run; nothing launched (--dry-run)", flush=True)
+    for spec, state in zip(specs, states):
+        print(f"  {state:<8} {spec.run_id}: {' '.join(spec.argv)}", flush=True)
 
 
 def split_extra(argv: list[str]) -> tuple[list[str], tuple[str, ...]]:

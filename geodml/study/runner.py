@@ -195,6 +195,22 @@ def try_lock(spec: RunSpec) -> IO[bytes] | None:
     return f
 
 
+def is_running(spec: RunSpec) -> bool:
+    """Whether a study process holds the run's lock now (it is running the run). Writes nothing: a lock
+    file that does not exist is not held; an existing one is probed with a shared, non-blocking flock."""
+    try:
+        f = open(lock_path(spec), "rb")
+    except OSError:
+        return False
+    with f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        return False
+
+
 def _prepare_dir(spec: RunSpec) -> None:
     out = Path(spec.out)
     if out.exists() and (out / LAUNCH_FILE).exists():  # an interrupted run of ours: start it afresh
