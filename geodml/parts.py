@@ -301,7 +301,7 @@ def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: 
     schedule = Schedule(optim=cfg.optim, total_steps=total_steps, steps_per_epoch=spe, eval_every=cfg.eval_every,
                         log_every=cfg.log_every, seed=cfg.seed, eval_at=frozenset(int(x) for x in cfg.eval_at))
     trainer = Trainer(model=model, flat=flat, algo=algo, comm=comm, data=data, schedule=schedule, sink=sink,
-                      skewscout=skewscout, step_hooks=step_hooks, eval_cache=eval_cache)
+                      skewscout=skewscout, step_hooks=step_hooks, eval_cache=eval_cache, channels_last=cfg.channels_last)
     if resume_step is not None:
         checkpointer.restore(trainer, resume_step)
         if is0:

@@ -116,12 +116,17 @@ class _Worker(_Model):
     """The one model a process trains its partitions on, with its minibatch buffers
     (geodml.trainer.Minibatch)."""
 
-    def __init__(self, model: torch.nn.Module, flat, train_x: torch.Tensor, train_y: torch.Tensor, optim) -> None:
+    def __init__(self, model: torch.nn.Module, flat, train_x: torch.Tensor, train_y: torch.Tensor, optim, *,
+                 channels_last: bool = False) -> None:
         super().__init__(model, flat)
         self.train_x, self.train_y, self.optim = train_x, train_y, optim
         self.xb = torch.empty((optim.batch_size, *train_x.shape[1:]), dtype=train_x.dtype)
         self.yb = torch.empty(optim.batch_size, dtype=train_y.dtype)
         self.idx = torch.empty(optim.batch_size, dtype=torch.int64)
+        self.twin = None  # --channels-last: geodml.channels_last.ChannelsLastTwin
+        if channels_last:
+            from geodml.channels_last import ChannelsLastTwin
+            self.twin = ChannelsLastTwin(model, flat, self.xb)
 
     def store(self, weights: torch.Tensor, buffers: torch.Tensor) -> None:
         weights.copy_(self.flat.data)
@@ -173,7 +178,7 @@ class Pool:
                                total_steps=self.total_steps, batch_size=cfg.optim.batch_size,
                                label_counts=np.asarray(report["label_counts"], dtype=np.int64))
         self.algo: FedAvg = build_algorithm(cfg, flat=flat, comm=group.comm(self.hosted.start), ctx=self.ctx)  # type: ignore[assignment]
-        self.w = _Worker(model, flat, ds.train_x, ds.train_y, cfg.optim)
+        self.w = _Worker(model, flat, ds.train_x, ds.train_y, cfg.optim, channels_last=cfg.channels_last)
         self.test_x, self.test_y = ds.test_x, ds.test_y
         self.own_eval_indices = pre.own_eval_indices  # the test rows of each partition's own final score (None: all)
         self.samplers = {k: BatchSampler(pre.partitions[k], cfg.optim.batch_size, cfg.seed, k) for k in self.hosted}

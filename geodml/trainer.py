@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from geodml.algorithms.base import Algorithm, FlatParams, regularize
+from geodml.channels_last import ChannelsLastTwin
 from geodml.config import OptimConfig
 from geodml.metrics.sinks import Sink
 
@@ -234,6 +235,8 @@ class Minibatch(Protocol):
     yb: torch.Tensor
     idx: torch.Tensor
     optim: OptimConfig
+    twin: ChannelsLastTwin | None
+    """``--channels-last``: the copy of ``model`` that runs the forward and backward pass (None: the model)."""
 
 
 def local_gradient(mb: Minibatch, indices: np.ndarray,
@@ -246,7 +249,7 @@ def local_gradient(mb: Minibatch, indices: np.ndarray,
     torch.index_select(mb.train_x, 0, mb.idx, out=mb.xb)
     torch.index_select(mb.train_y, 0, mb.idx, out=mb.yb)
     t0 = time.perf_counter()
-    logits = mb.model(mb.xb)
+    logits = mb.model(mb.xb) if mb.twin is None else mb.twin.forward(mb.model, mb.xb)
     weights = sample_weights(mb.yb)
     if weights is None:
         loss = F.cross_entropy(logits, mb.yb)
@@ -254,6 +257,8 @@ def local_gradient(mb: Minibatch, indices: np.ndarray,
         loss = (F.cross_entropy(logits, mb.yb, reduction="none") * weights).mean()
     mb.flat.zero_grad()
     loss.backward()
+    if mb.twin is not None:  # the convolution weights' gradients are the twin's (zeroed by its forward)
+        mb.twin.push_grads()
     regularize(mb.flat, mb.optim.weight_decay)
     compute_s = time.perf_counter() - t0
     return float(loss.detach()), int((logits.detach().argmax(1) == mb.yb).sum()), compute_s
@@ -269,7 +274,8 @@ class Trainer:
 
     def __init__(self, *, model: nn.Module, flat: FlatParams, algo: Algorithm, comm: RunComm, data: TrainData,
                  schedule: Schedule, sink: Sink | None = None, skewscout: SkewScout | None = None,
-                 step_hooks: Sequence[Callable[[Trainer], None]] = (), eval_cache: EvalCache | None = None) -> None:
+                 step_hooks: Sequence[Callable[[Trainer], None]] = (), eval_cache: EvalCache | None = None,
+                 channels_last: bool = False) -> None:
         self.rank, self.world_size = comm.rank, comm.world_size
         self.eval_cache = eval_cache  # shared by the partitions of one process (geodml.run hosts them)
         self.model, self.flat, self.algo, self.comm, self.optim = model, flat, algo, comm, schedule.optim
@@ -289,6 +295,7 @@ class Trainer:
         self.xb = torch.empty((optim.batch_size, *train_x.shape[1:]), dtype=train_x.dtype, device=device)
         self.yb = torch.empty(optim.batch_size, dtype=train_y.dtype, device=device)
         self.idx = torch.empty(optim.batch_size, dtype=torch.int64, device=device)
+        self.twin = ChannelsLastTwin(model, flat, self.xb) if channels_last else None
         # Scratch for the averaged global model (swap in, evaluate, swap back).
         self._backup = torch.empty_like(flat.data)
         self._buf_backup = [torch.empty_like(b) for b in flat.float_buffers]

@@ -116,3 +116,19 @@ def test_gaia_numpy_selection_equals_torch(scale):
     sig = v0.abs() > (a.flat.data.abs() * 0.1)
     assert na == int(sig.sum())
     assert torch.equal(a.v, torch.where(sig, torch.zeros(()), v0))
+
+
+@pytest.mark.integration
+def test_layout_benchmark_runs_both_variants_and_compares_bytes(capsys):
+    """``layout --quick`` on one setup: two real geodml runs (NCHW, --channels-last), a ratio, the same bytes."""
+    assert bench_main(["layout", "--quick", "--setups", "lenet bsp K=5"]) == 0
+    out = capsys.readouterr().out
+    row = next(x for x in out.splitlines() if x.startswith("lenet bsp K=5 "))
+    nchw, cl, ratio, same = row.split()[-4:]
+    assert float(ratio) == pytest.approx(float(nchw) / float(cl), rel=2e-3) and same == "yes", row
+
+
+def test_layout_benchmark_bad_input_exits_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench_main(["layout", "--setups", "nope"])
+    assert exc.value.code == 2 and "unknown setup(s) ['nope']" in capsys.readouterr().err

@@ -26,6 +26,7 @@ BENCHMARKS: dict[str, str] = {
     "scale": "geodml.bench.scale:main",
     "breakdown": "geodml.bench.breakdown:main",
     "federation": "geodml.bench.federation:main",
+    "layout": "geodml.bench.layout:main",
 }
 """name -> "module:function" (the function parses its own options from argv)."""
 
@@ -39,13 +40,14 @@ DESCRIPTIONS: dict[str, str] = {
     "scale": "wall time per epoch at fixed total data, K=2,5,10,16, vs K=2",
     "breakdown": "where a step's time goes (compute, algorithm, send, recv wait, log) per algorithm",
     "federation": "P = 16 .. 10,000 partitions on R = 1, 2 processes: partition-steps/s vs a plain loop, memory vs state",
+    "layout": "--channels-last vs NCHW: wall per step of whole runs (the studies' CPU workloads), same WAN bytes",
 }
 
 SUITE: tuple[str, ...] = ("throughput", "kernels", "transport", "startup", "scale")
 """What ``python -m geodml.bench`` runs with no NAME (issue 12's table, in this order)."""
 
 QUICK_SUPPORTED: frozenset[str] = frozenset({"throughput", "kernels", "startup", "scale", "breakdown", "transport",
-                                                "federation"})
+                                                "federation", "layout"})
 """Benchmarks that accept ``--quick``."""
 
 
