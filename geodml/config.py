@@ -536,10 +536,11 @@ class RunConfig:
     vmap: bool = opt(False, help="FedAvg on the pool engine: each step's participants' forward and backward in one "
                      "torch.func.vmap call instead of one after another (weights agree to float32 rounding, not bit "
                      "for bit; on the CPU it measured no faster; geodml/stacked.py)")
-    channels_last: bool = opt(False, help="train a channels-last copy of the model, synced with the flat weights every "
-                              "step: 1.2-1.35x faster per step on the CPU for cnn, lenet and resnet20 (docs/performance.md); "
-                              "gradients equal to float32 rounding, not bit for bit, so runs differ from runs without it; "
-                              "bytes unchanged (geodml/channels_last.py)")
+    channels_last: bool = opt(False, help="train on a copy of the model whose convolution weights are channels-last, "
+                              "synced with the flat weights every step: whole runs 1.07-1.19x faster on the CPU (cnn, "
+                              "lenet, resnet20; docs/performance.md); gradients equal to float32 rounding, not bit for bit, "
+                              "so a run differs from one without it; dense algorithms send the same bytes "
+                              "(geodml/channels_last.py)")
 
     def __post_init__(self) -> None:
         _check(isinstance(self.seed, int) and self.seed >= 0,
