@@ -54,25 +54,19 @@ class ChannelsLastTwin:
         params = [p for p in twin.parameters() if p.requires_grad]
         assert [p.shape for p in params] == [p.shape for p in flat.params], "twin and model disagree on parameters"
         self.model = twin
-        # the copied convolution weights, their gradients and the flat buffers' views of them
+        # the copied convolution weights and their gradients, and the model's (views into the flat buffers)
         self.convs: list[torch.Tensor] = []
         self.grads: list[torch.Tensor] = []
         self.weights: list[torch.Tensor] = []
         self.flat_grads: list[torch.Tensor] = []
-        offset = 0
         for p, src in zip(params, flat.params):
-            n = p.numel()
             if p is not src:
-                g = torch.zeros_like(p)  # preserve_format: channels-last
-                p.grad = g
+                assert src.grad is not None  # FlatParams points every parameter's grad into flat.grad
+                p.grad = torch.zeros_like(p)  # preserve_format: channels-last
                 self.convs.append(p)
-                self.grads.append(g)
-                self.weights.append(flat.data[offset:offset + n].view(p.shape))
-                self.flat_grads.append(flat.grad[offset:offset + n].view(p.shape))
-            else:
-                assert p.data_ptr() == flat.data[offset:offset + n].data_ptr(), "a shared parameter left the flat buffer"
-            offset += n
-        assert offset == flat.numel
+                self.grads.append(p.grad)
+                self.weights.append(src.data)
+                self.flat_grads.append(src.grad)
         self.xb = torch.empty_like(xb, memory_format=torch.channels_last) if xb.dim() == 4 else torch.empty_like(xb)
 
     def pull(self, model: nn.Module) -> None:

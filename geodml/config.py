@@ -25,10 +25,10 @@ from typing import Any, ClassVar
 DATASETS = ("digits", "fashion-mnist", "mnist", "cifar10")
 PARTITIONS = ("iid", "label", "dirichlet", "shards", "longtail", "entropy")
 MODELS = ("cnn", "lenet", "resnet20", "logreg", "mlp", "cifar-cnn")
-CONV_MODELS = ("cnn", "lenet", "resnet20", "cifar-cnn")
-"""The models with convolutions (``--channels-last`` changes nothing for the others)."""
 """cnn: McMahan et al. 2017's CNN (called lenet before issue 21); lenet: the Quagmire authors' Caffe LeNet;
 cifar-cnn: McMahan et al. 2017's CIFAR-10 CNN (the TensorFlow tutorial's), which Hsu et al. 2019 use."""
+CONV_MODELS = ("cnn", "lenet", "resnet20", "cifar-cnn")
+"""The models with convolutions (``--channels-last`` changes nothing for the others)."""
 NORMS = ("none", "batch", "group", "batchrenorm")
 MODEL_NORMS = {"cnn": ("none", "batch", "group"), "lenet": ("none", "batch", "group", "batchrenorm"),
                "resnet20": ("batch", "group"), "logreg": ("none",), "mlp": ("none",), "cifar-cnn": ("none",)}
