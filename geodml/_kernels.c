@@ -14,6 +14,7 @@
 #include <Python.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 static int get(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t itemsize, const char *name) {
     if (PyObject_GetBuffer(obj, view, (writable ? PyBUF_WRITABLE : 0) | PyBUF_C_CONTIGUOUS) < 0)
@@ -296,10 +297,148 @@ done:
     return result;
 }
 
+/* max_pool2d(x, out, indices, kH, kW, sH, sW) -> None
+
+   torch.nn.functional.max_pool2d's CPU forward for a contiguous NCHW float32 input without
+   padding or dilation (floor or ceil mode: the caller sizes out), for the pools of cnn, lenet
+   and cifar-cnn. x is [planes, H, W], out and indices (int64, index into the plane, or None to
+   skip them) [planes, OH, OW]. A window starts at (oh sH, ow sW) and is clipped at the input's
+   edge. It is torch's own rule (aten/src/ATen/native/cpu/MaxPoolKernel.cpp): scan the window
+   row by row, start from -inf at the window's first pixel and take a pixel when it is greater
+   than the running maximum or NaN; so the values and the indices (hence the backward pass,
+   which torch computes from them) are the same bit for bit (tests/test_pooling.py). torch's
+   loop takes a data-dependent branch per pixel, which mispredicts about half the time on ReLU
+   outputs (half zeros); this one selects without branching, about 5-15x faster on one core
+   (docs/performance.md, "Max-pooling"). */
+/* one candidate pixel: take it when it is greater than the running maximum or NaN, with masks
+   rather than a branch (a compiler may turn a ternary back into a branch) */
+static inline void pool_take(float v, int64_t i, float *m, int64_t *mi) {
+    uint32_t vb, mb;
+    memcpy(&vb, &v, 4); memcpy(&mb, m, 4);
+    const uint32_t take = (uint32_t)0 - (uint32_t)((v > *m) | (v != v));
+    mb = (mb & ~take) | (vb & take);
+    memcpy(m, &mb, 4);
+    const int64_t take64 = (int64_t)(int32_t)take;
+    *mi = (*mi & ~take64) | (i & take64);
+}
+
+static inline void pool_one(const float *x, float *out, int64_t *ind, Py_ssize_t W, Py_ssize_t ih0, Py_ssize_t ih1,
+                            Py_ssize_t iw0, Py_ssize_t iw1, Py_ssize_t o) {
+    float m = -INFINITY;
+    int64_t mi = ih0 * W + iw0;
+    for (Py_ssize_t ih = ih0; ih < ih1; ih++)
+        for (Py_ssize_t iw = iw0; iw < iw1; iw++)
+            pool_take(x[ih * W + iw], ih * W + iw, &m, &mi);
+    out[o] = m;
+    if (ind) ind[o] = mi;
+}
+
+#ifdef HAVE_SSE2
+/* pool_one for the stride-2 outputs ow .. ow + 3 of one row (their windows inside the row), in
+   SSE2 lanes: the candidates in the same order, the same take rule on vectors */
+static inline void pool_four(const float *x, float *out, int64_t *ind, Py_ssize_t W, Py_ssize_t ih0, Py_ssize_t ih1,
+                             Py_ssize_t kW, Py_ssize_t o, Py_ssize_t ow) {
+    const __m128i lane = _mm_set_epi32(6, 4, 2, 0);
+    __m128 m = _mm_set1_ps(-INFINITY);
+    __m128i mi = _mm_add_epi32(_mm_set1_epi32((int)(ih0 * W + 2 * ow)), lane);
+    for (Py_ssize_t ih = ih0; ih < ih1; ih++)
+        for (Py_ssize_t dw = 0; dw < kW; dw++) {
+            const float *p = x + ih * W + 2 * ow + dw;  /* p[0], p[2], p[4], p[6] */
+            const __m128 a = _mm_loadu_ps(p), b = _mm_loadu_ps(p + 3);
+            const __m128 v = _mm_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 2, 0));
+            const __m128i i = _mm_add_epi32(_mm_set1_epi32((int)(ih * W + 2 * ow + dw)), lane);
+            const __m128 take = _mm_or_ps(_mm_cmpgt_ps(v, m), _mm_cmpunord_ps(v, v));
+            const __m128i takei = _mm_castps_si128(take);
+            m = _mm_or_ps(_mm_andnot_ps(take, m), _mm_and_ps(take, v));
+            mi = _mm_or_si128(_mm_andnot_si128(takei, mi), _mm_and_si128(takei, i));
+        }
+    _mm_storeu_ps(out + o, m);
+    if (ind) {
+        const __m128i zero = _mm_setzero_si128();
+        _mm_storeu_si128((__m128i *)(ind + o), _mm_unpacklo_epi32(mi, zero));
+        _mm_storeu_si128((__m128i *)(ind + o + 2), _mm_unpackhi_epi32(mi, zero));
+    }
+}
+#endif
+
+static inline void pool_plane(const float *x, float *out, int64_t *ind, Py_ssize_t H, Py_ssize_t W,
+                              Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t kH, Py_ssize_t kW,
+                              Py_ssize_t sH, Py_ssize_t sW) {
+    for (Py_ssize_t oh = 0; oh < OH; oh++) {
+        const Py_ssize_t ih0 = oh * sH, ih1 = ih0 + kH < H ? ih0 + kH : H;
+        Py_ssize_t ow = 0;
+#ifdef HAVE_SSE2
+        /* stride 2: four neighbouring outputs at once while their windows lie inside the row
+           (2 (ow + 3) + kW <= W), then one more group that ends at the last such output
+           (recomputing a few, with the same result) */
+        if (sW == 2 && 6 + kW <= W) {
+            for (; 2 * ow + 6 + kW <= W; ow += 4) pool_four(x, out, ind, W, ih0, ih1, kW, oh * OW + ow, ow);
+            const Py_ssize_t last = (W - 6 - kW) / 2;
+            if (ow < OW && last + 3 >= ow) { pool_four(x, out, ind, W, ih0, ih1, kW, oh * OW + last, last); ow = last + 4; }
+        }
+#endif
+        for (; ow < OW; ow++) {
+            const Py_ssize_t iw0 = ow * sW, iw1 = iw0 + kW < W ? iw0 + kW : W;
+            pool_one(x, out, ind, W, ih0, ih1, iw0, iw1, oh * OW + ow);
+        }
+    }
+}
+
+static PyObject *max_pool2d(PyObject *self, PyObject *args) {
+    PyObject *ox, *oout, *oind;
+    Py_ssize_t kH, kW, sH, sW;
+    if (!PyArg_ParseTuple(args, "OOOnnnn", &ox, &oout, &oind, &kH, &kW, &sH, &sW))
+        return NULL;
+    Py_buffer bx, bout, bind;
+    int has_ind = oind != Py_None;
+    if (get(ox, &bx, 0, 4, "x") < 0) return NULL;
+    if (get(oout, &bout, 1, 4, "out") < 0) { PyBuffer_Release(&bx); return NULL; }
+    if (has_ind && get(oind, &bind, 1, 8, "indices") < 0) {
+        PyBuffer_Release(&bx); PyBuffer_Release(&bout); return NULL;
+    }
+    PyObject *result = NULL;
+    if (bx.ndim != 3 || bout.ndim != 3 || bx.shape[0] != bout.shape[0]
+        || (has_ind && (bind.ndim != 3 || bind.shape[0] != bout.shape[0] || bind.shape[1] != bout.shape[1]
+                        || bind.shape[2] != bout.shape[2]))) {
+        PyErr_SetString(PyExc_ValueError, "max_pool2d: x must be [planes, H, W], out and indices [planes, OH, OW]");
+        goto done;
+    }
+    const Py_ssize_t P = bx.shape[0], H = bx.shape[1], W = bx.shape[2], OH = bout.shape[1], OW = bout.shape[2];
+    if (H * W > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "max_pool2d: a plane must have fewer than 2^31 pixels");
+        goto done;
+    }
+    if (kH < 1 || kW < 1 || sH < 1 || sW < 1 || (OH > 0 && (OH - 1) * sH >= H) || (OW > 0 && (OW - 1) * sW >= W)) {
+        PyErr_SetString(PyExc_ValueError, "max_pool2d: every window must start inside the input");
+        goto done;
+    }
+    const float *x = (const float *)bx.buf;
+    float *out = (float *)bout.buf;
+    int64_t *ind = has_ind ? (int64_t *)bind.buf : NULL;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t p = 0; p < P; p++) {
+        const float *xp = x + p * H * W;
+        float *op = out + p * OH * OW;
+        int64_t *ip = ind ? ind + p * OH * OW : NULL;
+        /* the models' pools, with constant window sizes so the compiler unrolls the scan */
+        if (kH == 2 && kW == 2 && sH == 2 && sW == 2) pool_plane(xp, op, ip, H, W, OH, OW, 2, 2, 2, 2);
+        else if (kH == 3 && kW == 3 && sH == 2 && sW == 2) pool_plane(xp, op, ip, H, W, OH, OW, 3, 3, 2, 2);
+        else pool_plane(xp, op, ip, H, W, OH, OW, kH, kW, sH, sW);
+    }
+    Py_END_ALLOW_THREADS
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    PyBuffer_Release(&bx); PyBuffer_Release(&bout);
+    if (has_ind) PyBuffer_Release(&bind);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"gaia_select", gaia_select, METH_VARARGS, "Gaia's fused significance selection (see geodml/_kernels.c)."},
     {"abs_ge_indices", abs_ge_indices, METH_VARARGS, "Indices with |v| >= threshold (see geodml/_kernels.c)."},
     {"gaia_add_rows", gaia_add_rows, METH_VARARGS, "Gaia's received updates added to a pool's rows (see geodml/_kernels.c)."},
+    {"max_pool2d", max_pool2d, METH_VARARGS, "max_pool2d's CPU forward, NCHW float32, branch-free (see geodml/_kernels.c)."},
     {NULL, NULL, 0, NULL},
 };
 

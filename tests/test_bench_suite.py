@@ -132,3 +132,18 @@ def test_layout_benchmark_bad_input_exits_2(capsys):
     with pytest.raises(SystemExit) as exc:
         bench_main(["layout", "--setups", "nope"])
     assert exc.value.code == 2 and "unknown setup(s) ['nope']" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_pool_benchmark_times_both_pools_and_checks_identical_runs(capsys):
+    """``pool --quick``: a row per model and pass with ratio = torch / compiled, and one pair of
+    whole runs (GEODML_NO_KERNELS=1 and not) that end with the same accuracy, loss and bytes."""
+    assert bench_main(["pool", "--quick"]) == 0
+    out = capsys.readouterr().out
+    rows = [x for x in out.splitlines() if x.startswith(("cnn ", "lenet ", "bn-lenet ", "cifar-cnn ")) and ", batch " in x]
+    assert len(rows) == 8, out
+    for row in rows:
+        torch_ms, ours_ms, ratio = (float(v) for v in row.split()[-3:])
+        assert ratio == pytest.approx(torch_ms / ours_ms, rel=2e-3), row
+    run = next(x for x in out.splitlines() if x.startswith("cnn fedavg P=10 C=0.5 "))
+    assert run.split()[-1] == "yes", run

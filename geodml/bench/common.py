@@ -78,9 +78,10 @@ class RunTiming:
 
 def run_geodml(k: int, algo: str, steps: int, workdir: Path, *, model: str, dataset: str = "cifar10",
                data_dir: Path | None = None, batch_size: int = 20, log_every: int = 10,
-               extra: tuple[str, ...] = (), timeout_s: float = TIMEOUT_S) -> RunTiming:
+               extra: tuple[str, ...] = (), timeout_s: float = TIMEOUT_S, env: dict[str, str] | None = None) -> RunTiming:
     """Run ``torchrun --nproc_per_node=k -m geodml`` with ``--wan off`` and no evaluation
-    inside the run; time it from rank 0's metrics.jsonl (which is polled for the first line)."""
+    inside the run; time it from rank 0's metrics.jsonl (which is polled for the first line).
+    ``env``: variables set on top of :func:`bench_env`'s."""
     out = workdir / f"run-{algo}-k{k}-{time.monotonic_ns()}"
     cmd = torchrun_cmd(k, "-m", "geodml", "--algo", algo, "--dataset", dataset, "--model", model,
                        "--batch-size", str(batch_size), "--wan", "off", "--no-progress",
@@ -91,7 +92,7 @@ def run_geodml(k: int, algo: str, steps: int, workdir: Path, *, model: str, data
     metrics = out / "metrics.jsonl"
     t0 = time.monotonic()
     first_log = float("nan")
-    proc = subprocess.Popen(cmd, env=bench_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, env={**bench_env(), **(env or {})}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         while proc.poll() is None:
             if first_log != first_log and metrics.exists() and metrics.stat().st_size > 0:

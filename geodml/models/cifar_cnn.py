@@ -43,6 +43,8 @@ import math
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from geodml.models.pooling import MaxPool2d
+
 CONV_CHANNELS = 64
 KERNEL_SIZE = 5
 FC1_FEATURES = 384
@@ -73,7 +75,7 @@ class _SamePool(nn.Module):
         super().__init__()
         (top, bottom), (left, right) = same_pool_padding(height), same_pool_padding(width)
         self.pad = (left, right, top, bottom)
-        self.pool = nn.MaxPool2d(POOL_KERNEL, POOL_STRIDE)
+        self.pool = MaxPool2d(POOL_KERNEL, POOL_STRIDE)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.pool(F.pad(x, self.pad, value=float("-inf")))

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from geodml.config import MODEL_NORMS
 from geodml.models.norms import make_norm2d
+from geodml.models.pooling import MaxPool2d
 
 CONV1_CHANNELS = 32
 CONV2_CHANNELS = 64
@@ -100,7 +101,7 @@ class CNN(nn.Module):
         self.norm1 = make_norm2d(norm, CONV1_CHANNELS, group_size=group_size, groups=groups)
         self.conv2 = nn.Conv2d(CONV1_CHANNELS, CONV2_CHANNELS, KERNEL_SIZE, padding=padding, bias=not with_norm)
         self.norm2 = make_norm2d(norm, CONV2_CHANNELS, group_size=group_size, groups=groups)
-        self.pool = nn.MaxPool2d(POOL)
+        self.pool = MaxPool2d(POOL)
         self.relu = nn.ReLU()
         self.fc1 = nn.Linear(self.flatten_features, FC1_FEATURES, bias=not norm_fc1)
         self.norm_fc1 = nn.BatchNorm1d(FC1_FEATURES) if norm_fc1 else nn.Identity()

@@ -58,6 +58,7 @@ from torch import Tensor, nn
 
 from geodml.config import MODEL_NORMS
 from geodml.models.norms import BatchReNorm2d, BatchReNormSchedule, CaffeBatchNorm2d, group_count
+from geodml.models.pooling import MaxPool2d
 
 CONV_CHANNELS = (32, 32, 64)
 KERNEL_SIZE = 5
@@ -127,7 +128,7 @@ class LeNet(nn.Module):
         self.conv1 = nn.Conv2d(in_channels, c1, KERNEL_SIZE, padding=CONV_PADDING, bias=plain)
         self.conv2 = nn.Conv2d(c1, c2, KERNEL_SIZE, padding=CONV_PADDING, bias=plain)
         self.conv3 = nn.Conv2d(c2, c3, KERNEL_SIZE, padding=CONV_PADDING, bias=plain)
-        self.pool1 = nn.MaxPool2d(POOL_KERNEL, POOL_STRIDE, ceil_mode=True)
+        self.pool1 = MaxPool2d(POOL_KERNEL, POOL_STRIDE, ceil_mode=True)
         self.pool2 = nn.AvgPool2d(POOL_KERNEL, POOL_STRIDE, ceil_mode=True)
         self.pool3 = nn.AvgPool2d(POOL_KERNEL, POOL_STRIDE, ceil_mode=True)
         self.relu = nn.ReLU()
