@@ -306,7 +306,7 @@ done:
    edge. It is torch's own rule (aten/src/ATen/native/cpu/MaxPoolKernel.cpp): scan the window
    row by row, start from -inf at the window's first pixel and take a pixel when it is greater
    than the running maximum or NaN; so the values and the indices (hence the backward pass,
-   which torch computes from them) are the same bit for bit (tests/test_pooling.py). torch's
+   which torch computes from them) are the same bit for bit (tests/test_compiled_layers.py). torch's
    loop takes a data-dependent branch per pixel, which mispredicts about half the time on ReLU
    outputs (half zeros); this one selects without branching, about 5-15x faster on one core
    (docs/performance.md, "Max-pooling"). */
@@ -434,10 +434,98 @@ done:
     return result;
 }
 
+/* lrn_mean(x, out, size) -> None and lrn_mean_backward(grad, grad_in, size) -> None
+
+   The channel-window mean inside torch's local_response_norm (torch.nn.functional): the squared
+   input, zero-padded with size // 2 channels before and (size - 1) // 2 after, average-pooled
+   over `size` channels with stride 1 (avg_pool3d with a (size, 1, 1) window). x, out, grad and
+   grad_in are [N, C, L] float32 (L = H x W). Forward: out[c] = (sum of the window's channels,
+   ascending, from 0) / size, as avg_pool3d's CPU loop computes it per output (the padded zeros
+   are skipped: adding +0.0 to a sum that starts at +0.0 changes no bit). Backward, as
+   avg_pool3d's backward: each output's grad / size is added to every channel of its window,
+   outputs in ascending order, into a zeroed grad_in. Both loop over L innermost, which the
+   compiler vectorizes without reordering any one element's additions; torch's avg_pool3d CPU
+   kernel for this shape ran several times slower (docs/performance.md, "LRN"). Bit-identical to
+   torch (tests/test_compiled_layers.py), NaN payloads included: the backward adds as
+   row + grad_in (with grad_in + row, gcc's SSE code kept the other NaN's sign bit when both were
+   NaN), which the test's NaN inputs check. */
+static int lrn_views(PyObject *oa, PyObject *ob, Py_buffer *ba, Py_buffer *bb, Py_ssize_t size, const char *name) {
+    if (get(oa, ba, 0, 4, "input") < 0) return -1;
+    if (get(ob, bb, 1, 4, "output") < 0) { PyBuffer_Release(ba); return -1; }
+    if (ba->ndim != 3 || bb->ndim != 3 || ba->shape[0] != bb->shape[0] || ba->shape[1] != bb->shape[1]
+        || ba->shape[2] != bb->shape[2] || size < 1) {
+        PyErr_Format(PyExc_ValueError, "%s: input and output must be [N, C, L] of one shape, size >= 1", name);
+        PyBuffer_Release(ba); PyBuffer_Release(bb);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *lrn_mean(PyObject *self, PyObject *args) {
+    PyObject *ox, *oout;
+    Py_ssize_t size;
+    if (!PyArg_ParseTuple(args, "OOn", &ox, &oout, &size)) return NULL;
+    Py_buffer bx, bout;
+    if (lrn_views(ox, oout, &bx, &bout, size, "lrn_mean") < 0) return NULL;
+    const Py_ssize_t N = bx.shape[0], C = bx.shape[1], L = bx.shape[2], before = size / 2;
+    const float *x = (const float *)bx.buf;
+    float *out = (float *)bout.buf;
+    const float div = (float)size;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t n = 0; n < N; n++)
+        for (Py_ssize_t c = 0; c < C; c++) {
+            float *o = out + (n * C + c) * L;
+            const Py_ssize_t c0 = c - before < 0 ? 0 : c - before;
+            const Py_ssize_t c1 = c - before + size > C ? C : c - before + size;
+            for (Py_ssize_t j = 0; j < L; j++) o[j] = 0.0f;
+            for (Py_ssize_t k = c0; k < c1; k++) {
+                const float *xk = x + (n * C + k) * L;
+                for (Py_ssize_t j = 0; j < L; j++) o[j] += xk[j];
+            }
+            for (Py_ssize_t j = 0; j < L; j++) o[j] = o[j] / div;
+        }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&bx); PyBuffer_Release(&bout);
+    Py_RETURN_NONE;
+}
+
+static PyObject *lrn_mean_backward(PyObject *self, PyObject *args) {
+    PyObject *og, *ogin;
+    Py_ssize_t size;
+    if (!PyArg_ParseTuple(args, "OOn", &og, &ogin, &size)) return NULL;
+    Py_buffer bg, bgin;
+    if (lrn_views(og, ogin, &bg, &bgin, size, "lrn_mean_backward") < 0) return NULL;
+    const Py_ssize_t N = bg.shape[0], C = bg.shape[1], L = bg.shape[2], before = size / 2;
+    const float *g = (const float *)bg.buf;
+    float *gin = (float *)bgin.buf;
+    const float div = (float)size;
+    float *row = PyMem_Malloc((L > 0 ? L : 1) * sizeof(float));
+    if (row == NULL) { PyBuffer_Release(&bg); PyBuffer_Release(&bgin); return PyErr_NoMemory(); }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < N * C * L; i++) gin[i] = 0.0f;
+    for (Py_ssize_t n = 0; n < N; n++)
+        for (Py_ssize_t c = 0; c < C; c++) {       /* output c's window: channels c - before .. c - before + size - 1 */
+            const float *gc = g + (n * C + c) * L;
+            for (Py_ssize_t j = 0; j < L; j++) row[j] = gc[j] / div;
+            const Py_ssize_t c0 = c - before < 0 ? 0 : c - before;
+            const Py_ssize_t c1 = c - before + size > C ? C : c - before + size;
+            for (Py_ssize_t k = c0; k < c1; k++) {
+                float *gk = gin + (n * C + k) * L;
+                for (Py_ssize_t j = 0; j < L; j++) gk[j] = row[j] + gk[j];
+            }
+        }
+    Py_END_ALLOW_THREADS
+    PyMem_Free(row);
+    PyBuffer_Release(&bg); PyBuffer_Release(&bgin);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"gaia_select", gaia_select, METH_VARARGS, "Gaia's fused significance selection (see geodml/_kernels.c)."},
     {"abs_ge_indices", abs_ge_indices, METH_VARARGS, "Indices with |v| >= threshold (see geodml/_kernels.c)."},
     {"gaia_add_rows", gaia_add_rows, METH_VARARGS, "Gaia's received updates added to a pool's rows (see geodml/_kernels.c)."},
+    {"lrn_mean", lrn_mean, METH_VARARGS, "local_response_norm's channel-window mean, forward (see geodml/_kernels.c)."},
+    {"lrn_mean_backward", lrn_mean_backward, METH_VARARGS, "Its backward (see geodml/_kernels.c)."},
     {"max_pool2d", max_pool2d, METH_VARARGS, "max_pool2d's CPU forward, NCHW float32, branch-free (see geodml/_kernels.c)."},
     {NULL, NULL, 0, NULL},
 };

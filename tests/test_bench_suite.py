@@ -135,10 +135,10 @@ def test_layout_benchmark_bad_input_exits_2(capsys):
 
 
 @pytest.mark.integration
-def test_pool_benchmark_times_both_pools_and_checks_identical_runs(capsys):
-    """``pool --quick``: a row per model and pass with ratio = torch / compiled, and one pair of
+def test_layers_benchmark_times_both_paths_and_checks_identical_runs(capsys):
+    """``layers --quick``: a row per model and pass with ratio = torch / compiled, and one pair of
     whole runs (GEODML_NO_KERNELS=1 and not) that end with the same accuracy, loss and bytes."""
-    assert bench_main(["pool", "--quick"]) == 0
+    assert bench_main(["layers", "--quick"]) == 0
     out = capsys.readouterr().out
     rows = [x for x in out.splitlines() if x.startswith(("cnn ", "lenet ", "bn-lenet ", "cifar-cnn ")) and ", batch " in x]
     assert len(rows) == 8, out

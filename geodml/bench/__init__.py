@@ -27,7 +27,7 @@ BENCHMARKS: dict[str, str] = {
     "breakdown": "geodml.bench.breakdown:main",
     "federation": "geodml.bench.federation:main",
     "layout": "geodml.bench.layout:main",
-    "pool": "geodml.bench.pool:main",
+    "layers": "geodml.bench.layers:main",
 }
 """name -> "module:function" (the function parses its own options from argv)."""
 
@@ -42,14 +42,14 @@ DESCRIPTIONS: dict[str, str] = {
     "breakdown": "where a step's time goes (compute, algorithm, send, recv wait, log) per algorithm",
     "federation": "P = 16 .. 10,000 partitions on R = 1, 2 processes: partition-steps/s vs a plain loop, memory vs state",
     "layout": "--channels-last vs NCHW: wall per step of whole runs (the studies' CPU workloads), same WAN bytes",
-    "pool": "compiled max-pool vs torch's: per model (train step, evaluation) and whole runs, same results",
+    "layers": "compiled max-pool and LRN vs torch's: per model (train step, evaluation) and whole runs, same results",
 }
 
 SUITE: tuple[str, ...] = ("throughput", "kernels", "transport", "startup", "scale")
 """What ``python -m geodml.bench`` runs with no NAME (issue 12's table, in this order)."""
 
 QUICK_SUPPORTED: frozenset[str] = frozenset({"throughput", "kernels", "startup", "scale", "breakdown", "transport",
-                                                "federation", "layout", "pool"})
+                                                "federation", "layout", "layers"})
 """Benchmarks that accept ``--quick``."""
 
 

@@ -43,7 +43,7 @@ import math
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from geodml.models.pooling import MaxPool2d
+from geodml.models.compiled import LocalResponseNorm, MaxPool2d
 
 CONV_CHANNELS = 64
 KERNEL_SIZE = 5
@@ -98,9 +98,9 @@ class CifarCNN(nn.Module):
         self.flatten_features = CONV_CHANNELS * h2 * w2
         self.conv1 = nn.Conv2d(in_channels, CONV_CHANNELS, KERNEL_SIZE, padding=pad)
         self.pool1 = _SamePool(height, width)
-        self.norm1: nn.Module = nn.LocalResponseNorm(LRN_SIZE, LRN_ALPHA, LRN_BETA, LRN_K) if lrn else nn.Identity()
+        self.norm1: nn.Module = LocalResponseNorm(LRN_SIZE, LRN_ALPHA, LRN_BETA, LRN_K) if lrn else nn.Identity()
         self.conv2 = nn.Conv2d(CONV_CHANNELS, CONV_CHANNELS, KERNEL_SIZE, padding=pad)
-        self.norm2: nn.Module = nn.LocalResponseNorm(LRN_SIZE, LRN_ALPHA, LRN_BETA, LRN_K) if lrn else nn.Identity()
+        self.norm2: nn.Module = LocalResponseNorm(LRN_SIZE, LRN_ALPHA, LRN_BETA, LRN_K) if lrn else nn.Identity()
         self.pool2 = _SamePool(h1, w1)
         self.fc1 = nn.Linear(self.flatten_features, FC1_FEATURES)
         self.fc2 = nn.Linear(FC1_FEATURES, FC2_FEATURES)

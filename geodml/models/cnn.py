@@ -28,8 +28,8 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from geodml.config import MODEL_NORMS
+from geodml.models.compiled import MaxPool2d
 from geodml.models.norms import make_norm2d
-from geodml.models.pooling import MaxPool2d
 
 CONV1_CHANNELS = 32
 CONV2_CHANNELS = 64

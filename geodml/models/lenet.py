@@ -57,8 +57,8 @@ import torch
 from torch import Tensor, nn
 
 from geodml.config import MODEL_NORMS
+from geodml.models.compiled import LocalResponseNorm, MaxPool2d
 from geodml.models.norms import BatchReNorm2d, BatchReNormSchedule, CaffeBatchNorm2d, group_count
-from geodml.models.pooling import MaxPool2d
 
 CONV_CHANNELS = (32, 32, 64)
 KERNEL_SIZE = 5
@@ -133,8 +133,8 @@ class LeNet(nn.Module):
         self.pool3 = nn.AvgPool2d(POOL_KERNEL, POOL_STRIDE, ceil_mode=True)
         self.relu = nn.ReLU()
         if plain:
-            self.norm1: nn.Module = nn.LocalResponseNorm(LRN_SIZE, alpha=LRN_ALPHA, beta=LRN_BETA, k=LRN_K)
-            self.norm2: nn.Module = nn.LocalResponseNorm(LRN_SIZE, alpha=LRN_ALPHA, beta=LRN_BETA, k=LRN_K)
+            self.norm1: nn.Module = LocalResponseNorm(LRN_SIZE, alpha=LRN_ALPHA, beta=LRN_BETA, k=LRN_K)
+            self.norm2: nn.Module = LocalResponseNorm(LRN_SIZE, alpha=LRN_ALPHA, beta=LRN_BETA, k=LRN_K)
             self.norm3: nn.Module = nn.Identity()
         else:
             kw = {"group_size": group_size, "groups": groups, "brn": brn}

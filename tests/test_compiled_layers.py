@@ -1,6 +1,7 @@
-"""geodml.models.pooling.MaxPool2d against nn.MaxPool2d: the same outputs, argmax indices and
-input gradients bit for bit, on the pools the models use (2/2 floor, 3/2 ceil, 3/2 after a -inf
-pad) and on inputs made to stress the tie and NaN rules."""
+"""geodml.models.compiled against torch: MaxPool2d against nn.MaxPool2d (the same outputs, argmax
+indices and input gradients bit for bit, on the pools the models use, 2/2 floor, 3/2 ceil, 3/2
+after a -inf pad, and on inputs made to stress the tie and NaN rules), LocalResponseNorm against
+nn.LocalResponseNorm (outputs and input gradients bit for bit), and whole models' SGD steps."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import torch
 from torch import nn
 
 from geodml import kernels
-from geodml.models import build_model, pooling
-from geodml.models.pooling import MaxPool2d, _pool_size
+from geodml.models import build_model, compiled
+from geodml.models.compiled import LocalResponseNorm, MaxPool2d, _pool_size
 
 needs_ext = pytest.mark.skipif(kernels.compiled is None, reason=f"geodml._kernels unavailable: {kernels.UNAVAILABLE_REASON}")
 
@@ -89,7 +90,7 @@ def test_falls_back_outside_the_fast_paths_contract(monkeypatch):
     """channels-last, float64, padding and vmap take nn.MaxPool2d's own path (no custom node),
     with the same values."""
     calls = []
-    monkeypatch.setattr(pooling._FastMaxPool2d, "apply", lambda *a: calls.append(a))
+    monkeypatch.setattr(compiled._FastMaxPool2d, "apply", lambda *a: calls.append(a))
     x = torch.randn(2, 3, 8, 8)
     for pool, inp in [(MaxPool2d(2), x.contiguous(memory_format=torch.channels_last)), (MaxPool2d(2), x.double()),
                       (MaxPool2d(2, padding=1), x), (MaxPool2d(2, return_indices=True), x)]:
@@ -107,8 +108,8 @@ def test_falls_back_outside_the_fast_paths_contract(monkeypatch):
 @pytest.mark.parametrize("name,norm,shape", [("cnn", "none", (1, 28, 28)), ("lenet", "none", (1, 28, 28)),
                                              ("lenet", "batch", (3, 32, 32)), ("cifar-cnn", "none", (3, 24, 24))])
 def test_models_train_bit_identically_with_the_fast_pool(name, norm, shape, monkeypatch):
-    """Three SGD steps of each max-pooling model: the weights with the compiled pool and with
-    torch's (the fast path disabled) are equal bit for bit."""
+    """Three SGD steps of each max-pooling model (lenet and cifar-cnn with LRN): the weights with
+    the compiled layers and with torch's (the compiled path disabled) are equal bit for bit."""
     def steps() -> list[np.ndarray]:
         torch.manual_seed(0)
         model = build_model(name, norm, shape, 10)
@@ -123,6 +124,54 @@ def test_models_train_bit_identically_with_the_fast_pool(name, norm, shape, monk
         return [_bits(p) for p in model.parameters()]
     fast = steps()
     with monkeypatch.context() as m:
-        m.setattr(pooling.kernels, "compiled", None)
+        m.setattr(compiled.kernels, "compiled", None)
         slow = steps()
     assert all(np.array_equal(a, b) for a, b in zip(fast, slow))
+
+
+@needs_ext
+@pytest.mark.parametrize("size,alpha,beta,k", [(3, 5e-5, 0.75, 1.0), (9, 0.001, 0.75, 1.0), (1, 0.1, 0.5, 2.0),
+                                               (2, 1e-3, 0.75, 1.0), (4, 0.5, 0.9, 0.5), (5, 1.0, 0.75, 1.0)])
+@pytest.mark.parametrize("shape", [(3, 32, 14, 14), (2, 3, 5, 7), (2, 1, 4, 4), (1, 12, 1, 9)])
+def test_lrn_forward_and_gradient_equal_torch_bit_for_bit(size, alpha, beta, k, shape):
+    """lenet's LRN (size 3) and cifar-cnn's (size 9), even sizes (asymmetric padding), windows wider
+    than the channels, and large values (alpha 1: the mean dominates k)."""
+    ours = LocalResponseNorm(size, alpha, beta, k)
+    ref = nn.LocalResponseNorm(size, alpha, beta, k)
+    for name, x in _inputs(shape, 7).items():
+        if name == "all-inf":
+            continue                                # inf / inf: NaN either way, nothing to compare but NaN bits
+        for scale in (1.0, 30.0):
+            xa = (x * scale).requires_grad_()
+            xb = (x * scale).requires_grad_()
+            ya, yb = ours(xa), ref(xb)
+            assert ya.grad_fn is not None and "ChannelWindowMean" in str(_graph_nodes(ya)), "compiled path not taken"
+            assert np.array_equal(_bits(ya), _bits(yb)), (name, scale)
+            g = torch.randn(shape, generator=torch.Generator().manual_seed(9))
+            ya.backward(g)
+            yb.backward(g)
+            assert np.array_equal(_bits(xa.grad), _bits(xb.grad)), (name, scale)
+
+
+def _graph_nodes(y: torch.Tensor) -> list[str]:
+    seen, todo = [], [y.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or type(node).__name__ in seen:
+            continue
+        seen.append(type(node).__name__)
+        todo += [f for f, _ in node.next_functions]
+    return seen
+
+
+@needs_ext
+def test_lrn_mean_by_hand():
+    """lrn_mean on one pixel of 4 channels, size 3 (one zero channel padded on each side):
+    out[c] = (x[c-1]^2 + x[c]^2 + x[c+1]^2) / 3 with the missing neighbours 0."""
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0]).view(1, 4, 1, 1)
+    mean = compiled._ChannelWindowMean.apply(x * x, 3).flatten().tolist()
+    assert mean == pytest.approx([(1 + 4) / 3, (1 + 4 + 9) / 3, (4 + 9 + 16) / 3, (9 + 16) / 3], rel=1e-7)
+    s = torch.ones(1, 4, 1, 1, requires_grad=True)
+    compiled._ChannelWindowMean.apply(s, 3).backward(torch.tensor([3.0, 6.0, 9.0, 12.0]).view(1, 4, 1, 1))
+    # channel c gets grad[o] / 3 from every output o whose window holds it: o in c-1 .. c+1
+    assert s.grad.flatten().tolist() == pytest.approx([1 + 2, 1 + 2 + 3, 2 + 3 + 4, 3 + 4], rel=1e-7)
