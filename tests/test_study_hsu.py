@@ -384,7 +384,7 @@ def test_estimates_count_the_final_per_partition_evaluations(tmp_path):
     assert flag(flags, "--eval-at") == "728,736,744,752,760,768,776,784,792"
     assert run.final_steps == tuple(range(728, 801, 8))
     train, evals = hsu.core_seconds(args, [run])
-    assert train == pytest.approx(32_000 * 0.22) and evals == pytest.approx(run.eval_images / 10_000 * 20.0)
+    assert train == pytest.approx(32_000 * 0.13) and evals == pytest.approx(run.eval_images / 10_000 * 11.3)
 
 
 def test_final_accuracy_is_the_mean_of_the_last_rounds_evaluations(tmp_path):

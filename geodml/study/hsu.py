@@ -144,11 +144,13 @@ ALGO_LABEL = {"fedavg": "FedAvg", "fedavgm": "FedAvgM"}
 MODELS = ("cifar-cnn", "cnn")
 TEST_SIZE = {"digits": 359, "fashion-mnist": 10_000, "mnist": 10_000, "cifar10": 10_000}
 PIXELS = {"digits": 64, "fashion-mnist": 784, "mnist": 784, "cifar10": 3072}
-STEP_S = {"cifar-cnn": 0.22, "cnn": 0.03}
+STEP_S = {"cifar-cnn": 0.13, "cnn": 0.025}
 """Seconds per client step (forward + backward of one 64-example minibatch of 28x28 images) on one core, measured
-on the 2-core machine this study was written on while another benchmark ran (docs/study.md); for estimates only."""
-EVAL_S = {"cifar-cnn": 20.0, "cnn": 3.5}
-"""Seconds per 10,000 28x28 test images evaluated, measured likewise."""
+on the 2-core machine this study was written on while another benchmark ran (docs/study.md: 0.22 and 0.03), divided
+by the compiled max-pool and LRN's speed-up per training step (1.68x and 1.22x, ``python -m geodml.bench layers``,
+docs/performance.md); for estimates only."""
+EVAL_S = {"cifar-cnn": 11.3, "cnn": 2.5}
+"""Seconds per 10,000 28x28 test images evaluated, measured likewise (20 and 3.5 s, divided by 1.77x and 1.41x)."""
 
 PARTITION_EVAL_EXAMPLES = 500
 """Test rows each partition's own final model is scored on (geodml --partition-eval-examples). The hsu
