@@ -453,3 +453,20 @@ def test_hsu2020_one_e1_run_evaluated_at_round_ends_equals_a_run_stopped_there(t
     assert [int(e["step"]) for e in long] == [s1, s2, s3] and [int(e["step"]) for e in short] == [s2]
     assert (long[1]["val_accuracy"], long[1]["val_loss"]) == (short[0]["val_accuracy"], short[0]["val_loss"])
     assert long[1]["val_loss"] != long[2]["val_loss"]   # the model moved on after S(r2)
+
+
+def test_hsu2019_claim_on_c_gains_worked_by_hand():
+    """Claim 2 (diminishing returns in C, marginal for identical clients) from hand-made cell means:
+    alpha 0: C 0.05 / 0.1 / 0.2 = 50 / 60 / 64% -> steps +10.0 and +4.0 pp (the second smaller: 1 of 1);
+    alpha 100: C 0.05 / 0.2 = 85 / 86% -> +1.0 pp; over C 0.05 -> 0.2: +1.0 (alpha 100) vs +14.0 pp (alpha 0)."""
+    means = {("fedavg", 0.0, 0.05): 0.50, ("fedavg", 0.0, 0.1): 0.60, ("fedavg", 0.0, 0.2): 0.64,
+             ("fedavg", 100.0, 0.05): 0.85, ("fedavg", 100.0, 0.2): 0.86}
+    lines = hsu._c_returns([100.0, 0.0], [0.05, 0.1, 0.2], means.get)
+    assert lines[1] == "   - alpha=100: gain per step up in C: 0.05 -> 0.2 +1.0 pp"
+    assert lines[2] == ("   - alpha=0: gain per step up in C: 0.05 -> 0.1 +10.0 pp, 0.1 -> 0.2 +4.0 pp; "
+                        "a step gains less than the one before in 1 of 1 pairs")
+    assert lines[3] == "   - C 0.05 -> 0.2: alpha=100 +1.0 pp vs alpha=0 +14.0 pp; smaller for the more identical clients: yes"
+    means[("fedavg", 100.0, 0.2)] = 1.0                     # +15.0 pp at alpha 100: not marginal
+    assert hsu._c_returns([100.0, 0.0], [0.05, 0.1, 0.2], means.get)[3].endswith("vs alpha=0 +14.0 pp; "
+                                                                                  "smaller for the more identical clients: no")
+    assert len(hsu._c_returns([0.0], [0.05], means.get)) == 1  # nothing to compare: the heading only
