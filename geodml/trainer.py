@@ -99,6 +99,9 @@ _EVAL_SLOTS = threading.BoundedSemaphore(_CORES)
 # activations and autograd graph per partition in flight) and so that hosted partitions do not
 # contend for the cores they share; it holds nothing across a Comm call, so it cannot deadlock.
 _STEP_SLOTS = threading.BoundedSemaphore(_CORES)
+# On a GPU the kernels of concurrent evaluations run one after another anyway, while each holds
+# its batch's activations (about 160 MiB for LeNet on 1,000 28x28 images): one at a time per process.
+_GPU_EVAL_SLOTS = threading.BoundedSemaphore(1)
 
 
 @torch.no_grad()
@@ -111,7 +114,7 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 10
     model.eval()
     correct, loss_sum = 0, 0.0
     n = len(y) if indices is None else len(indices)
-    with _EVAL_SLOTS:
+    with _GPU_EVAL_SLOTS if x.is_cuda else _EVAL_SLOTS:
         for i in range(0, n, batch):
             if indices is None:
                 xb, yb = x[i:i + batch], y[i:i + batch]

@@ -1,6 +1,7 @@
 """The CUDA path, where there is a GPU (CI has none: these skip there, and say so).
 
-Run on a lent H100 on 2026-11-23 (docs/launch.md, "GPUs"). NCCL refuses two ranks on one GPU,
+Run on a lent H100 on 2026-11-23 (docs/launch.md, "GPUs"); all of them, the hosted ones
+included, passed on a lent H200 on 2026-11-26 (docs/performance.md, "GPU: hosted partitions"). NCCL refuses two ranks on one GPU,
 so multi-rank runs on a one-GPU host use ``--device cuda`` with gloo (ranks share the GPU);
 NCCL itself runs at K=1 here and at K = number of GPUs elsewhere.
 """
@@ -67,7 +68,7 @@ def test_shared_gpu_gaia_skewscout_and_resume(tmp_path):
     assert s2["wan_bytes_total"] == s["wan_bytes_total"] and s2["theta_trajectory"] == s["theta_trajectory"]
 
 
-# Hosted partitions on a GPU (issue 19): written on a machine without one; they run where CUDA is.
+# Hosted partitions on a GPU (issue 19).
 LEDGER = ("wan_bytes_total", "lan_bytes_total", "wan_bytes_by_kind", "bytes_by_link", "messages_total")
 
 

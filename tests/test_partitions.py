@@ -12,6 +12,7 @@ the same emulated time, SkewScout trajectory and accuracies -- for every algorit
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -125,6 +126,23 @@ def test_deterministic_kernels_change_nothing_on_the_cpu(name, tmp_path, monkeyp
     for f in ("model.pt", "rank3/model.pt"):
         want, got = torch.load(tmp_path / "free" / f), torch.load(tmp_path / "det" / f)
         assert all(torch.equal(got[k], want[k]) for k in want), f
+
+
+def test_hosted_gpu_partitions_get_small_cublas_workspaces_unless_exported(monkeypatch):
+    """Hosted partitions on a GPU: 128 KiB cuBLAS / cuBLASLt workspaces per partition thread
+    instead of Hopper's default 32 MiB (docs/performance.md, "GPU: hosted partitions"); ':16:8' is
+    one of the two settings cuBLAS documents as deterministic, so --deterministic keeps it; a
+    value the user exported wins."""
+    from geodml import run as run_mod
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    monkeypatch.delenv("CUBLASLT_WORKSPACE_SIZE", raising=False)
+    run_mod._small_cublas_workspaces()
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"  # 8 chunks of 16 KiB
+    assert os.environ["CUBLASLT_WORKSPACE_SIZE"] == "128"  # KiB
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    monkeypatch.setenv("CUBLASLT_WORKSPACE_SIZE", "1024")
+    run_mod._small_cublas_workspaces()
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8" and os.environ["CUBLASLT_WORKSPACE_SIZE"] == "1024"
 
 
 def test_eval_cache_evaluates_each_distinct_model_once(monkeypatch):
