@@ -163,11 +163,14 @@ def transport_group(monkeypatch: Any, kw: list[dict[str, Any]]) -> list[Any]:
     return out
 
 
-def paced_exchange(comm: Any, rank: int) -> tuple[float, float, float | None]:
+def paced_exchange(comm: Any, rank: int) -> tuple[float, float, float | None, float]:
     """The ``--wan real`` scenario of two ranks: rank 0 streams five 50,000-byte updates to rank 1,
     which answers with one control message, then both all-reduce 100,000 floats. Returns (wall
-    seconds from the common start, emulated seconds, rank 1's first arrival or None). Callers start
-    the ranks together first (a barrier)."""
+    seconds from this rank's start, emulated seconds, rank 1's first arrival as a
+    ``time.monotonic()`` instant or None, this rank's start instant). Callers start the ranks
+    together first (a barrier); the instants let them measure rank 1's first arrival from rank 0's
+    start, which is what the pacing is anchored to (CLOCK_MONOTONIC is one clock for every process
+    of a host, while a rank that leaves the barrier late would see the arrival too early)."""
     import time
 
     import numpy as np
@@ -182,7 +185,7 @@ def paced_exchange(comm: Any, rank: int) -> tuple[float, float, float | None]:
     else:
         for i in range(5):
             comm.recv(0, "update", step=i)
-            first = first or time.monotonic() - t0
+            first = first or time.monotonic()
         comm.send(0, "control", [np.zeros(1, np.int64)], step=0)
     comm.all_reduce(torch.zeros(100_000), "gradient")
-    return time.monotonic() - t0, comm.emulated_s, first
+    return time.monotonic() - t0, comm.emulated_s, first, t0
