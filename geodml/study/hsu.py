@@ -932,6 +932,9 @@ def plots_2019(args: argparse.Namespace, cells: dict[CellKey, CellResult], out: 
                     if pts:
                         ax.plot([e for e, _ in pts], [100 * y for _, y in pts], "o-", ms=3, label=f"β={fmt(beta)}")
                 ax.set_xscale("log")
+                etas = sorted({e for _, e in cr.grid})   # within a decade matplotlib labels only minor ticks, overlapping
+                ax.set_xticks(etas, [fmt(e) for e in etas], fontsize=7)
+                ax.minorticks_off()
                 ax.set_title(f"alpha={alpha_label(a)}", fontsize=8)
                 ax.set_xlabel("η_eff", fontsize=7)
             axes[0][0].set_ylabel("test accuracy [%]")
