@@ -13,7 +13,7 @@ import pytest
 
 from geodml.study import oracle, runner
 from geodml.study.oracle import Candidate, conservative_order, format_theta, select_oracle
-from geodml.study.runner import RunSpec, run_all
+from geodml.study.runner import CAUSE_CHARS, RunSpec, failure_cause, run_all
 
 
 def cand(theta, acc, wan, order, failed=False):
@@ -188,6 +188,50 @@ def test_runner_runs_and_reads_summary(tmp_path):
     assert json.loads((tmp_path / "r0" / "launch.json").read_text()) == {"argv": ["--algo", "bsp"], "nproc": 2}
     again = run_all(specs, launcher=no_launch, log=lambda m: None)
     assert [r.status for r in again] == ["reused"] * 3
+
+
+# The shape of a real failure (a CIFAR CNN run on a GPU whose memory ran out at its first evaluation), shortened:
+# the cause is mid-file, and torchrun's banner, which names none, is last.
+TORCHRUN_STDERR = """[rank0]: Traceback (most recent call last):
+[rank0]:   File "/work/main/geodml/trainer.py", line 123, in evaluate
+[rank0]:     logits = model(xb)
+[rank0]: RuntimeError: cuDNN error: CUDNN_STATUS_INTERNAL_ERROR
+E1127 14:58:03.000000 2852 torch/distributed/elastic/multiprocessing/api.py:882] failed (exitcode: 1)
+Traceback (most recent call last):
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+geodml FAILED
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
+
+@pytest.mark.parametrize("text, cause", [
+    (TORCHRUN_STDERR, "RuntimeError: cuDNN error: CUDNN_STATUS_INTERNAL_ERROR"),
+    ("geodml: error: --alpha must be >= 0, got -1\n", "geodml: error: --alpha must be >= 0, got -1"),
+    ("[rank3]: torch.OutOfMemoryError: CUDA out of memory.\n[rank0]: ValueError: first\nwarning only\n",
+     "ValueError: first"),  # the last one
+    ("boom: no data\n", ""),  # no exception line: the tail alone speaks
+    ("torch.distributed.elastic.multiprocessing.api.SignalException: Process 7 got signal: 15\n", ""),
+    ("", ""),
+])
+def test_failure_cause_is_the_last_exception_line_not_the_launchers(text, cause):
+    assert failure_cause(text) == cause
+
+
+def test_failure_cause_is_bounded():
+    cause = failure_cause("[rank0]: RuntimeError: " + "x" * 1000)
+    assert len(cause) == CAUSE_CHARS and cause.startswith("RuntimeError: xxx") and cause.endswith("...")
+
+
+@pytest.mark.integration
+def test_runner_names_the_cause_of_a_failed_run(tmp_path):
+    code = f"import sys; sys.stderr.write({TORCHRUN_STDERR!r}); sys.exit(1)"
+    res = run_all([RunSpec("r", tmp_path / "r", (), 1)], launcher=python_launcher(code), log=lambda m: None, poll_s=0.02)
+    assert res[0].status == "failed"
+    assert res[0].error == "exit code 1 (RuntimeError: cuDNN error: CUDNN_STATUS_INTERNAL_ERROR)"
+    assert res[0].stderr_tail.endswith("=" * 60)  # the tail is still the file's last lines
 
 
 @pytest.mark.integration

@@ -11,8 +11,9 @@ A study (the Oracle baseline of §7.3, later the whole-paper study runner) is a 
   ``summary.json`` that the runner created (it has ``launch.json``) is an interrupted run: it
   is cleared and run again.
 * **Failures are reported, never hidden.** A non-zero exit or a timeout gives status
-  ``failed`` / ``timeout`` with the exit code and the last lines of the run's stderr
-  (``stderr.txt`` in the run directory; stdout goes to ``stdout.txt``).
+  ``failed`` / ``timeout`` with the exit code, the cause (the last exception or ``geodml: error:``
+  line of the run's stderr: under torchrun the last lines are the launcher's own banner), and the
+  last lines of the run's stderr (``stderr.txt`` in the run directory; stdout goes to ``stdout.txt``).
 * **No orphans.** Every child starts in its own session; a timeout, Ctrl-C or any exception
   sends SIGTERM to the child's process group and to every descendant (torchrun starts its
   workers in sessions of their own), then SIGKILL after ``grace_s``.
@@ -35,6 +36,7 @@ import fcntl
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -227,6 +229,23 @@ def tail(path: Path, lines: int = 15) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
+_CAUSE = re.compile(r"^(?:\[rank\d+\]: )?((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception): .*\S|geodml: error: .*\S)")
+_LAUNCHER_ERRORS = ("ChildFailedError", "SignalException")
+CAUSE_CHARS = 300
+
+
+def failure_cause(text: str) -> str:
+    """The last exception line (``[rank0]: RuntimeError: ...``, the rank prefix dropped) or ``geodml: error:``
+    line of a failed run's stderr, at most CAUSE_CHARS characters; '' if there is none. torchrun ends a failed
+    run's stderr with its own ChildFailedError banner, which names no cause, so launcher errors are skipped."""
+    for line in reversed(text.splitlines()):
+        m = _CAUSE.match(line.strip())
+        if m and not any(e in m.group(1).split(":", 1)[0] for e in _LAUNCHER_ERRORS):
+            cause = m.group(1)
+            return cause if len(cause) <= CAUSE_CHARS else cause[:CAUSE_CHARS - 3] + "..."
+    return ""
+
+
 # ---- processes ----------------------------------------------------------------------------
 
 def kill_tree(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
@@ -296,13 +315,19 @@ def _finish(live: _Live, *, timed_out: bool) -> RunResult:
         f.close()
     spec, code = live.spec, live.proc.returncode
     elapsed = time.monotonic() - live.started
-    err_tail = tail(Path(spec.out) / STDERR_FILE)
+    err_path = Path(spec.out) / STDERR_FILE
+    err_tail = tail(err_path)
     if timed_out:
         return RunResult(spec, "timeout", returncode=code, elapsed_s=elapsed, stderr_tail=err_tail,
                          error=f"killed after the run timeout ({elapsed:.0f} s)")
     summary = read_summary(spec.out)
     if code != 0 or summary is None:
         why = f"exit code {code}" if code != 0 else f"exit code 0 but no readable {SUMMARY_FILE}"
+        try:
+            cause = failure_cause(err_path.read_text(errors="replace"))
+        except OSError:
+            cause = ""
+        why += f" ({cause})" if cause else ""
         return RunResult(spec, "failed", returncode=code, elapsed_s=elapsed, stderr_tail=err_tail, error=why)
     return RunResult(spec, "ok", summary=summary, returncode=0, elapsed_s=elapsed)
 
