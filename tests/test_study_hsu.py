@@ -387,6 +387,22 @@ def test_estimates_count_the_final_per_partition_evaluations(tmp_path):
     assert train == pytest.approx(32_000 * 0.13) and evals == pytest.approx(run.eval_images / 10_000 * 11.3)
 
 
+def test_pace_scales_the_estimate_by_the_finished_runs_measured_time(tmp_path):
+    args = hsu.parse_2019(["--out", str(tmp_path / "s"), "--alphas", "1", "--fractions", "0.4", "--momentum-fractions",
+                           "0.4", "--lrs", "0.1", "--betas", "0.9", "--jobs", "2"])
+    done, todo = hsu.plan_2019_tuning(args)  # FedAvg and FedAvgM at one setting: the same steps and evaluations
+    assert hsu.pace_text(args, [done, todo]) == ""  # nothing finished: no pace
+    # each run's estimate, by hand (the test above): 32,000 client steps at 0.13 s, 19 x 10,000 + d x 500 + 100 x 500
+    # test images at 11.3 s per 10,000
+    est_s = 32_000 * 0.13 + (19 * 10_000 + hsu.distinct_snapshots(100, 40, 100, 0) * 500 + 100 * 500) / 10_000 * 11.3
+    fake_run(tmp_path / "s", done.spec, 0.5)
+    summary = tmp_path / "s" / done.run_id / "summary.json"
+    summary.write_text(json.dumps({**json.loads(summary.read_text()), "wall_seconds": 3 * est_s}))  # 3x slower
+    text = hsu.pace_text(args, [done, todo])
+    assert text == (f"1 of these runs have finished in {args.out}, in {3 * est_s / 3600:.2f} h of run time, 3.00x the "
+                    f"estimate for them; at that pace the 1 not finished take ~{3 * est_s / 3600 / 2:.1f} h with --jobs 2")
+
+
 def test_final_accuracy_is_the_mean_of_the_last_rounds_evaluations(tmp_path):
     """--final-rounds 3 over 10 rounds of 4 steps (quick), evaluated every round (--eval-rounds 1): a run's
     accuracy is the mean of its evaluations after rounds 8, 9 and 10, by hand; the last one alone is kept beside

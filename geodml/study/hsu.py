@@ -92,7 +92,7 @@ import numpy as np
 from geodml.config import DATASETS
 from geodml.study import common
 from geodml.study.common import StudyError, final_rounds, fmt, matplotlib_pyplot, mean_sd, seed_list
-from geodml.study.runner import Launcher, RunResult, RunSpec, finite_floats, run_all, torchrun_launcher
+from geodml.study.runner import Launcher, RunResult, RunSpec, finite_floats, read_summary, run_all, torchrun_launcher
 
 # ---- the papers' settings and numbers (quoted from the papers' text, with where) ----------------------
 
@@ -397,6 +397,29 @@ def estimate_text(args: argparse.Namespace, runs: Sequence[Run]) -> str:
             f"{STEP_S[args.model]} s per 64-example step and {EVAL_S[args.model]} s per 10,000 test images of {args.model} "
             f"(measured on a loaded 2-core machine, docs/study.md): ~{total_h / args.jobs:,.1f} h with --jobs {args.jobs} "
             f"on as many free cores")
+
+
+def pace_text(args: argparse.Namespace, runs: Sequence[Run]) -> str:
+    """The measured pace of the runs already finished in the study directory against the estimate (STEP_S and EVAL_S
+    are one machine's; another runs faster or slower), and the runs still to run at that pace; '' when none has
+    finished. Wall time, not core time: each finished run was timed at the concurrency it ran with."""
+    done: list[tuple[Run, float]] = []
+    todo: list[Run] = []
+    for r in runs:
+        s = read_summary(r.spec.out)
+        wall = None if s is None else s.get("wall_seconds")
+        if isinstance(wall, (int, float)) and wall > 0:
+            done.append((r, float(wall)))
+        else:
+            todo.append(r)
+    if not done:
+        return ""
+    wall_s = sum(w for _, w in done)
+    ratio = wall_s / sum(core_seconds(args, [r for r, _ in done]))
+    left_h = sum(core_seconds(args, todo)) * ratio / 3600
+    return (f"{len(done)} of these runs have finished in {args.out}, in {wall_s / 3600:,.2f} h of run time, "
+            f"{ratio:.2f}x the estimate for them; at that pace the {len(todo)} not finished take "
+            f"~{left_h / args.jobs:,.1f} h with --jobs {args.jobs}")
 
 
 def prune_partition_models(result: RunResult) -> None:
@@ -962,6 +985,8 @@ def hsu2019(argv: list[str] | None = None, *, launcher: Launcher = torchrun_laun
     print(f"hsu2019 study: {len(tuning)} tuning runs ({len(grids)} cells x their grids x {args.tune_seeds} seed(s)), then "
           f"{len(later)} runs at the chosen settings; {args.dataset}, budget {args.budget}, into {args.out}", flush=True)
     print("estimate: " + estimate_text(args, [*tuning, *later]), flush=True)
+    if pace := pace_text(args, [*tuning, *later]):
+        print("pace: " + pace, flush=True)
     if args.dry_run:
         common.print_plan([r.spec for r in tuning])
         return 0
@@ -1495,6 +1520,8 @@ def hsu2020(argv: list[str] | None = None, *, launcher: Launcher = torchrun_laun
     if sizes:
         print(population_text(args, sizes), flush=True)
     print("estimate: " + estimate_text(args, runs), flush=True)
+    if pace := pace_text(args, runs):
+        print("pace: " + pace, flush=True)
     if args.dry_run:
         common.print_plan([r.spec for r in runs])
         return 0
