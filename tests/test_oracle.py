@@ -212,6 +212,14 @@ geodml FAILED
     ("geodml: error: --alpha must be >= 0, got -1\n", "geodml: error: --alpha must be >= 0, got -1"),
     ("[rank3]: torch.OutOfMemoryError: CUDA out of memory.\n[rank0]: ValueError: first\nwarning only\n",
      "ValueError: first"),  # the last one
+    ("[rank0]: ValueError: inner\nDuring handling of the above exception, another exception occurred:\n"
+     "[rank0]: AssertionError\n", "AssertionError"),  # a bare exception name is a cause too
+    ("[rank0]:RuntimeError: no space after the prefix\n", "RuntimeError: no space after the prefix"),
+    # the rank torchrun names as the first failure wins over a peer's later knock-on error
+    ("[rank2]: ValueError: the first failure\n[rank0]: RuntimeError: Connection closed by peer\n"
+     "Root Cause (first observed failure):\n[0]:\n  rank      : 2 (local_rank: 2)\n  exitcode  : 1\n",
+     "ValueError: the first failure"),
+    ("a.py:3: UserWarning: careful\n", ""),  # a warning is no cause
     ("boom: no data\n", ""),  # no exception line: the tail alone speaks
     ("torch.distributed.elastic.multiprocessing.api.SignalException: Process 7 got signal: 15\n", ""),
     ("", ""),
@@ -230,8 +238,12 @@ def test_runner_names_the_cause_of_a_failed_run(tmp_path):
     code = f"import sys; sys.stderr.write({TORCHRUN_STDERR!r}); sys.exit(1)"
     res = run_all([RunSpec("r", tmp_path / "r", (), 1)], launcher=python_launcher(code), log=lambda m: None, poll_s=0.02)
     assert res[0].status == "failed"
-    assert res[0].error == "exit code 1 (RuntimeError: cuDNN error: CUDNN_STATUS_INTERNAL_ERROR)"
+    assert res[0].error == "exit code 1 (`RuntimeError: cuDNN error: CUDNN_STATUS_INTERNAL_ERROR`)"
     assert res[0].stderr_tail.endswith("=" * 60)  # the tail is still the file's last lines
+    # killed by a signal: an exception printed before is not why it ended
+    code = "import os, signal, sys; sys.stderr.write('[rank0]: ValueError: handled\\n'); os.kill(os.getpid(), signal.SIGKILL)"
+    res = run_all([RunSpec("k", tmp_path / "k", (), 1)], launcher=python_launcher(code), log=lambda m: None, poll_s=0.02)
+    assert res[0].status == "failed" and res[0].error == "exit code -9"
 
 
 @pytest.mark.integration

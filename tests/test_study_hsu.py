@@ -387,20 +387,57 @@ def test_estimates_count_the_final_per_partition_evaluations(tmp_path):
     assert train == pytest.approx(32_000 * 0.13) and evals == pytest.approx(run.eval_images / 10_000 * 11.3)
 
 
+def set_wall(out: Path, run_id: str, wall) -> None:
+    path = out / run_id / "summary.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "wall_seconds": wall}))
+
+
 def test_pace_scales_the_estimate_by_the_finished_runs_measured_time(tmp_path):
-    args = hsu.parse_2019(["--out", str(tmp_path / "s"), "--alphas", "1", "--fractions", "0.4", "--momentum-fractions",
+    args = hsu.parse_2019(["--out", str(tmp_path / "s"), "--alphas", "1", "--fractions", "0.05", "--momentum-fractions",
                            "0.4", "--lrs", "0.1", "--betas", "0.9", "--jobs", "2"])
-    done, todo = hsu.plan_2019_tuning(args)  # FedAvg and FedAvgM at one setting: the same steps and evaluations
-    assert hsu.pace_text(args, [done, todo]) == ""  # nothing finished: no pace
-    # each run's estimate, by hand (the test above): 32,000 client steps at 0.13 s, 19 x 10,000 + d x 500 + 100 x 500
-    # test images at 11.3 s per 10,000
-    est_s = 32_000 * 0.13 + (19 * 10_000 + hsu.distinct_snapshots(100, 40, 100, 0) * 500 + 100 * 500) / 10_000 * 11.3
-    fake_run(tmp_path / "s", done.spec, 0.5)
-    summary = tmp_path / "s" / done.run_id / "summary.json"
-    summary.write_text(json.dumps({**json.loads(summary.read_text()), "wall_seconds": 3 * est_s}))  # 3x slower
-    text = hsu.pace_text(args, [done, todo])
-    assert text == (f"1 of these runs have finished in {args.out}, in {3 * est_s / 3600:.2f} h of run time, 3.00x the "
-                    f"estimate for them; at that pace the 1 not finished take ~{3 * est_s / 3600 / 2:.1f} h with --jobs 2")
+    plan = {(r.algo, r.fraction): r for r in hsu.plan_2019_tuning(args)}
+    small, big = plan[("fedavg", 0.05)], plan[("fedavgm", 0.4)]  # 8x the client steps
+    assert (small.client_steps, big.client_steps) == (800 * 5, 800 * 40)
+    assert hsu.pace_text(args, [small, big]) == ""  # nothing finished: no pace
+    # each run's estimate, by hand (the test above): client steps at 0.13 s; 19 x 10,000 test images, and one 500-row
+    # evaluation per distinct partition model and per partition, at 11.3 s per 10,000
+    def est_s(run, m):
+        return run.client_steps * 0.13 + (19 * 10_000 + hsu.distinct_snapshots(100, m, 100, 0) * 500 + 100 * 500) / 10_000 * 11.3
+    fake_run(tmp_path / "s", small.spec, 0.5)
+    for bad in ("3", float("inf"), True, 0):  # no usable run time: not counted as finished
+        set_wall(tmp_path / "s", small.run_id, bad)
+        assert hsu.pace_text(args, [small, big]) == ""
+    set_wall(tmp_path / "s", small.run_id, 3 * est_s(small, 5))  # 3x slower than estimated
+    left_h = 3 * est_s(big, 40) / 3600 / 2
+    assert left_h > 8 * 3 * est_s(small, 5) / 3600 / 2 / 2  # the big run's own estimate, not the small one's
+    assert hsu.pace_text(args, [small, big]) == (
+        f"1 of these runs has finished in {args.out}, in {3 * est_s(small, 5) / 3600:.2f} h of run time (summed over "
+        f"runs), 3.00x the estimate for it; at that pace the other 1 (to run, running elsewhere or failed) take "
+        f"~{left_h:.1f} h with --jobs 2")
+
+
+def test_pace_counts_the_runs_at_the_chosen_settings_once_tuning_is_done(tmp_path, capsys):
+    """With the tuning runs finished, the confirmation runs are those at the settings the tuning chose (here FedAvg's
+    second rate), not the first grid point the plan assumes before: the one already run counts as finished."""
+    out = tmp_path / "s"
+    argv = ["--budget", "quick", "--alphas", "1", "--fractions", "0.1", "--momentum-fractions", "0.1", "--lrs",
+            "0.05,0.2", "--betas", "0.9", "--seeds", "0,1", "--tune-seeds", "1", "--out", str(out)]
+    args = hsu.parse_2019(argv)
+    tuning = hsu.plan_2019_tuning(args)
+    best = {("fedavg", 0.2): 0.8, ("fedavgm", 0.05): 0.7}
+    for r in tuning:
+        acc = best.get((r.algo, r.eta_eff), 0.3)
+        fake_run(out, r.spec, acc, [(s, acc) for s in r.final_steps])
+    done = [runner.RunResult(r.spec, "reused", summary=runner.read_summary(r.spec.out), returncode=0) for r in tuning]
+    chosen = hsu.choose_2019(args, hsu.outcomes(tuning, done))
+    assert chosen == {("fedavg", 1.0, 0.1): (0.0, 0.2), ("fedavgm", 1.0, 0.1): (0.9, 0.05)}
+    confirm = hsu.plan_2019_confirm(args, chosen)
+    fedavg_s1 = next(r for r in confirm if r.algo == "fedavg")
+    assert fedavg_s1.eta_eff == 0.2 and fedavg_s1.seed == 1
+    fake_run(out, fedavg_s1.spec, 0.8)
+    assert hsu.hsu2019([*argv, "--dry-run"], launcher=no_launch) == 0
+    pace = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("pace: "))
+    assert pace.startswith("pace: 5 of these runs have finished") and "the other 1 (to run" in pace
 
 
 def test_final_accuracy_is_the_mean_of_the_last_rounds_evaluations(tmp_path):

@@ -399,27 +399,37 @@ def estimate_text(args: argparse.Namespace, runs: Sequence[Run]) -> str:
             f"on as many free cores")
 
 
+def _finished_wall_s(run: Run) -> float | None:
+    """A finished run's measured run time (summary.json's wall_seconds), or None (not finished, or no usable time)."""
+    s = read_summary(run.spec.out)
+    wall = None if s is None else s.get("wall_seconds")
+    if isinstance(wall, bool) or not isinstance(wall, (int, float)) or not math.isfinite(wall) or wall <= 0:
+        return None
+    return float(wall)
+
+
 def pace_text(args: argparse.Namespace, runs: Sequence[Run]) -> str:
     """The measured pace of the runs already finished in the study directory against the estimate (STEP_S and EVAL_S
-    are one machine's; another runs faster or slower), and the runs still to run at that pace; '' when none has
+    are one machine's; another runs faster or slower), and the other runs' time at that pace; '' when none has
     finished. Wall time, not core time: each finished run was timed at the concurrency it ran with."""
     done: list[tuple[Run, float]] = []
     todo: list[Run] = []
     for r in runs:
-        s = read_summary(r.spec.out)
-        wall = None if s is None else s.get("wall_seconds")
-        if isinstance(wall, (int, float)) and wall > 0:
-            done.append((r, float(wall)))
-        else:
+        wall = _finished_wall_s(r)
+        if wall is None:
             todo.append(r)
-    if not done:
+        else:
+            done.append((r, wall))
+    est_s = sum(core_seconds(args, [r for r, _ in done]))
+    if not done or est_s <= 0:
         return ""
     wall_s = sum(w for _, w in done)
-    ratio = wall_s / sum(core_seconds(args, [r for r, _ in done]))
+    ratio = wall_s / est_s
     left_h = sum(core_seconds(args, todo)) * ratio / 3600
-    return (f"{len(done)} of these runs have finished in {args.out}, in {wall_s / 3600:,.2f} h of run time, "
-            f"{ratio:.2f}x the estimate for them; at that pace the {len(todo)} not finished take "
-            f"~{left_h / args.jobs:,.1f} h with --jobs {args.jobs}")
+    n = len(done)
+    return (f"{n} of these runs {'has' if n == 1 else 'have'} finished in {args.out}, in {wall_s / 3600:,.2f} h of run "
+            f"time (summed over runs), {ratio:.2f}x the estimate for {'it' if n == 1 else 'them'}; at that pace the other "
+            f"{len(todo)} (to run, running elsewhere or failed) take ~{left_h / args.jobs:,.1f} h with --jobs {args.jobs}")
 
 
 def prune_partition_models(result: RunResult) -> None:
@@ -982,6 +992,9 @@ def hsu2019(argv: list[str] | None = None, *, launcher: Launcher = torchrun_laun
         return 2
     grids = cells_2019(args)
     later = plan_2019_confirm(args, {key: grid[0] for key, grid in grids.items()})  # the count and cost, whichever setting wins
+    if later and all(_finished_wall_s(r) is not None for r in tuning):  # the settings are chosen: the real confirmation runs
+        done = [RunResult(r.spec, "reused", summary=read_summary(r.spec.out), returncode=0) for r in tuning]
+        later = plan_2019_confirm(args, choose_2019(args, outcomes(tuning, done)))
     print(f"hsu2019 study: {len(tuning)} tuning runs ({len(grids)} cells x their grids x {args.tune_seeds} seed(s)), then "
           f"{len(later)} runs at the chosen settings; {args.dataset}, budget {args.budget}, into {args.out}", flush=True)
     print("estimate: " + estimate_text(args, [*tuning, *later]), flush=True)

@@ -229,21 +229,31 @@ def tail(path: Path, lines: int = 15) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
-_CAUSE = re.compile(r"^(?:\[rank\d+\]: )?((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception): .*\S|geodml: error: .*\S)")
+_CAUSE = re.compile(r"^(?:\[rank(\d+)\]:\s*)?((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception)(?::\s.*\S|:?$)"
+                    r"|geodml: error: .*\S)")
+_ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\b")  # torchrun's "Root Cause (first observed failure)" block
 _LAUNCHER_ERRORS = ("ChildFailedError", "SignalException")
 CAUSE_CHARS = 300
 
 
 def failure_cause(text: str) -> str:
-    """The last exception line (``[rank0]: RuntimeError: ...``, the rank prefix dropped) or ``geodml: error:``
-    line of a failed run's stderr, at most CAUSE_CHARS characters; '' if there is none. torchrun ends a failed
-    run's stderr with its own ChildFailedError banner, which names no cause, so launcher errors are skipped."""
-    for line in reversed(text.splitlines()):
+    """The cause of a failed run, from its stderr: the last exception line (``[rank0]: RuntimeError: ...``, the rank
+    prefix dropped) or ``geodml: error:`` line, at most CAUSE_CHARS characters; '' if there is none. torchrun ends a
+    failed run's stderr with its own ChildFailedError banner, which names no cause, so launcher errors are skipped;
+    where the banner names the rank that failed first, that rank's last exception line is preferred (the others'
+    are often knock-on errors, such as a closed connection)."""
+    lines = text.splitlines()
+    root = next((m[1] for m in map(_ROOT_RANK.match, reversed(lines)) if m), None)
+    fallback = ""
+    for line in reversed(lines):
         m = _CAUSE.match(line.strip())
-        if m and not any(e in m.group(1).split(":", 1)[0] for e in _LAUNCHER_ERRORS):
-            cause = m.group(1)
-            return cause if len(cause) <= CAUSE_CHARS else cause[:CAUSE_CHARS - 3] + "..."
-    return ""
+        if not m or any(e in m[2].split(":", 1)[0] for e in _LAUNCHER_ERRORS):
+            continue
+        cause = m[2] if len(m[2]) <= CAUSE_CHARS else m[2][:CAUSE_CHARS - 3] + "..."
+        if root is None or m[1] == root:
+            return cause
+        fallback = fallback or cause
+    return fallback
 
 
 # ---- processes ----------------------------------------------------------------------------
@@ -323,11 +333,11 @@ def _finish(live: _Live, *, timed_out: bool) -> RunResult:
     summary = read_summary(spec.out)
     if code != 0 or summary is None:
         why = f"exit code {code}" if code != 0 else f"exit code 0 but no readable {SUMMARY_FILE}"
-        try:
-            cause = failure_cause(err_path.read_text(errors="replace"))
+        try:  # not for a run killed by a signal (code < 0): an exception it printed earlier is not why it ended
+            cause = failure_cause(err_path.read_text(errors="replace")) if code >= 0 else ""
         except OSError:
             cause = ""
-        why += f" ({cause})" if cause else ""
+        why += f" (`{cause}`)" if cause else ""
         return RunResult(spec, "failed", returncode=code, elapsed_s=elapsed, stderr_tail=err_tail, error=why)
     return RunResult(spec, "ok", summary=summary, returncode=0, elapsed_s=elapsed)
 
