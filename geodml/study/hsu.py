@@ -992,8 +992,9 @@ def hsu2019(argv: list[str] | None = None, *, launcher: Launcher = torchrun_laun
         return 2
     grids = cells_2019(args)
     later = plan_2019_confirm(args, {key: grid[0] for key, grid in grids.items()})  # the count and cost, whichever setting wins
-    if later and all(_finished_wall_s(r) is not None for r in tuning):  # the settings are chosen: the real confirmation runs
-        done = [RunResult(r.spec, "reused", summary=read_summary(r.spec.out), returncode=0) for r in tuning]
+    summaries = [read_summary(r.spec.out) for r in tuning] if later else []
+    if later and all(s is not None for s in summaries):  # the tuning has finished: plan the real confirmation runs
+        done = [RunResult(r.spec, "reused", summary=s, returncode=0) for r, s in zip(tuning, summaries)]
         later = plan_2019_confirm(args, choose_2019(args, outcomes(tuning, done)))
     print(f"hsu2019 study: {len(tuning)} tuning runs ({len(grids)} cells x their grids x {args.tune_seeds} seed(s)), then "
           f"{len(later)} runs at the chosen settings; {args.dataset}, budget {args.budget}, into {args.out}", flush=True)

@@ -221,11 +221,15 @@ def _prepare_dir(spec: RunSpec) -> None:
     (out / LAUNCH_FILE).write_text(json.dumps(launch_record(spec), indent=2) + "\n")
 
 
-def tail(path: Path, lines: int = 15) -> str:
+def read_text(path: Path) -> str:
+    """A file's text ('' when it cannot be read), undecodable bytes replaced."""
     try:
-        text = Path(path).read_text(errors="replace")
+        return Path(path).read_text(errors="replace")
     except OSError:
         return ""
+
+
+def tail(text: str, lines: int = 15) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
@@ -325,18 +329,16 @@ def _finish(live: _Live, *, timed_out: bool) -> RunResult:
         f.close()
     spec, code = live.spec, live.proc.returncode
     elapsed = time.monotonic() - live.started
-    err_path = Path(spec.out) / STDERR_FILE
-    err_tail = tail(err_path)
+    err_text = read_text(Path(spec.out) / STDERR_FILE)
+    err_tail = tail(err_text)
     if timed_out:
         return RunResult(spec, "timeout", returncode=code, elapsed_s=elapsed, stderr_tail=err_tail,
                          error=f"killed after the run timeout ({elapsed:.0f} s)")
     summary = read_summary(spec.out)
     if code != 0 or summary is None:
         why = f"exit code {code}" if code != 0 else f"exit code 0 but no readable {SUMMARY_FILE}"
-        try:  # not for a run killed by a signal (code < 0): an exception it printed earlier is not why it ended
-            cause = failure_cause(err_path.read_text(errors="replace")) if code >= 0 else ""
-        except OSError:
-            cause = ""
+        # not for a run killed by a signal (code < 0): an exception it printed earlier is not why it ended
+        cause = failure_cause(err_text) if code >= 0 else ""
         why += f" (`{cause}`)" if cause else ""
         return RunResult(spec, "failed", returncode=code, elapsed_s=elapsed, stderr_tail=err_tail, error=why)
     return RunResult(spec, "ok", summary=summary, returncode=0, elapsed_s=elapsed)
