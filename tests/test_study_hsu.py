@@ -509,17 +509,31 @@ def test_hsu2020_one_e1_run_evaluated_at_round_ends_equals_a_run_stopped_there(t
 
 
 def test_hsu2019_claim_on_c_gains_worked_by_hand():
-    """Claim 2 (diminishing returns in C, marginal for identical clients) from hand-made cell means:
-    alpha 0: C 0.05 / 0.1 / 0.2 = 50 / 60 / 64% -> steps +10.0 and +4.0 pp (the second smaller: 1 of 1);
-    alpha 100: C 0.05 / 0.2 = 85 / 86% -> +1.0 pp; over C 0.05 -> 0.2: +1.0 (alpha 100) vs +14.0 pp (alpha 0)."""
-    means = {("fedavg", 0.0, 0.05): 0.50, ("fedavg", 0.0, 0.1): 0.60, ("fedavg", 0.0, 0.2): 0.64,
-             ("fedavg", 100.0, 0.05): 0.85, ("fedavg", 100.0, 0.2): 0.86}
-    lines = hsu._c_returns([100.0, 0.0], [0.05, 0.1, 0.2], means.get)
-    assert lines[1] == "   - alpha=100: gain per step up in C: 0.05 -> 0.2 +1.0 pp"
-    assert lines[2] == ("   - alpha=0: gain per step up in C: 0.05 -> 0.1 +10.0 pp, 0.1 -> 0.2 +4.0 pp; "
-                        "a step gains less than the one before in 1 of 1 pairs")
-    assert lines[3] == "   - C 0.05 -> 0.2: alpha=100 +1.0 pp vs alpha=0 +14.0 pp; smaller for the more identical clients: yes"
-    means[("fedavg", 100.0, 0.2)] = 1.0                     # +15.0 pp at alpha 100: not marginal
-    assert hsu._c_returns([100.0, 0.0], [0.05, 0.1, 0.2], means.get)[3].endswith("vs alpha=0 +14.0 pp; "
-                                                                                  "smaller for the more identical clients: no")
-    assert len(hsu._c_returns([0.0], [0.05], means.get)) == 1  # nothing to compare: the heading only
+    """Claim 2 (diminishing returns in C, marginal for identical clients) from hand-made accuracies per seed.
+    alpha 0, seeds 0 and 1: C 0.05 / 0.1 / 0.2 = 50, 52 / 60, 63 / 64, 66% -> steps +10, +11 (+10.5 ± 0.7 pp) and
+    +4, +3 (+3.5 ± 0.7 pp): the second gains less (1 of 1). alpha 100: C 0.05 at seed 0 only (85%), 0.2 at seed 1
+    only (86%): no common seed, the difference of the means, +1.0 pp over two doublings. Over C 0.05 -> 0.2: +1.0
+    (alpha 100) vs +14, +14 = +14.0 ± 0.0 pp (alpha 0)."""
+    accs = {("fedavg", 0.0, 0.05): {0: 0.50, 1: 0.52}, ("fedavg", 0.0, 0.1): {0: 0.60, 1: 0.63},
+            ("fedavg", 0.0, 0.2): {0: 0.64, 1: 0.66}, ("fedavg", 100.0, 0.05): {0: 0.85}, ("fedavg", 100.0, 0.2): {1: 0.86}}
+    lines = hsu._c_returns([100.0, 0.0], [0.05, 0.1, 0.2], accs.get)
+    assert lines[1] == "   - alpha=100: gain per step up in C: 0.05 -> 0.2 +1.0 pp (means) = +0.5 pp per doubling"
+    assert lines[2] == ("   - alpha=0: gain per step up in C: 0.05 -> 0.1 +10.5 ± 0.7 pp (2 seeds), 0.1 -> 0.2 +3.5 ± 0.7 pp "
+                        "(2 seeds); per doubling of C, a step gains less than the one before in 1 of 1 pairs")
+    assert lines[3] == ("   - C 0.05 -> 0.2: alpha=100 +1.0 pp (means) vs alpha=0 +14.0 ± 0.0 pp (2 seeds); "
+                        "smaller for the more identical clients: yes")
+    accs[("fedavg", 100.0, 0.2)] = {1: 1.0}                  # +15.0 pp at alpha 100: not marginal
+    assert hsu._c_returns([100.0, 0.0], [0.05, 0.1, 0.2], accs.get)[3].endswith("smaller for the more identical clients: no")
+    assert len(hsu._c_returns([0.0], [0.05], accs.get)) == 1  # nothing to compare: the heading only
+
+
+def test_hsu2019_c_returns_compare_gains_per_doubling():
+    """The report goal C grid need not double at every step (--fractions 0.05,0.2,0.4): C 0.05 -> 0.2 (two doublings)
+    gains +8 pp = +4.0 per doubling, 0.2 -> 0.4 (one) +5 pp. The second step's gain is smaller in raw pp but larger
+    per doubling, so it is not a diminishing return (0 of 1); one seed: no sd."""
+    accs = {("fedavg", 0.0, 0.05): {0: 0.50}, ("fedavg", 0.0, 0.2): {0: 0.58}, ("fedavg", 0.0, 0.4): {0: 0.63}}
+    line = hsu._c_returns([0.0], [0.05, 0.2, 0.4], accs.get)[1]
+    assert line == ("   - alpha=0: gain per step up in C: 0.05 -> 0.2 +8.0 pp (1 seed) = +4.0 pp per doubling, "
+                    "0.2 -> 0.4 +5.0 pp (1 seed); per doubling of C, a step gains less than the one before in 0 of 1 pairs")
+    accs[("fedavg", 0.0, 0.4)] = {0: 0.61}                   # +3 pp < +4.0 per doubling: diminishing
+    assert hsu._c_returns([0.0], [0.05, 0.2, 0.4], accs.get)[1].endswith("in 1 of 1 pairs")
