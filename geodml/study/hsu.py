@@ -842,12 +842,11 @@ def claims_2019(args: argparse.Namespace, cells: dict[CellKey, CellResult]) -> l
             f_, m_ = cells.get(("fedavg", a, c)), cells.get(("fedavgm", a, c))
             if f_ is None or m_ is None or not f_.accs or not m_.accs:
                 continue
-            gain = statistics.fmean(m_.accs) - statistics.fmean(f_.accs)
-            noise = max([s for s in (mean_sd(f_.accs)[1], mean_sd(m_.accs)[1]) if s is not None], default=None)
+            gain, gain_text = _paired_gain(f_.by_seed(), m_.by_seed())
             lost = None if ref is None else ref - statistics.fmean(f_.accs)
             share = f"; recovers {100 * gain / lost:.0f}% of FedAvg's loss to alpha={fmt(alphas[0])}" if lost and lost > 0 else ""
-            out.append(f"   - C={fmt(c)}, alpha={fmt(a)}: FedAvg {pct(f_.accs)}% -> FedAvgM {pct(m_.accs)}% "
-                       f"({100 * gain:+.1f} pp{'' if noise is None else f', largest seed std {100 * noise:.1f} pp'}){share}")
+            out.append(f"   - C={fmt(c)}, alpha={fmt(a)}: FedAvg {pct(f_.accs)}% -> FedAvgM {pct(m_.accs)}%: "
+                       f"{gain_text}{share}")
     out.append("4. **The best hyper-parameters move with alpha (Figures 4, 6): the chosen setting per cell, and the margin of "
                "the best grid point over the runner-up at the tuning seeds.**")
     for algo, fr in (("fedavg", fracs), ("fedavgm", sorted(args.momentum_fractions))):
@@ -894,12 +893,13 @@ def markdown_2019(args: argparse.Namespace, cells: dict[CellKey, CellResult], ou
         lines.append(f"| {fmt(c)} | " + " | ".join(_cell_text(cells.get(("fedavg", a, c))) for a in alphas) + " |")
     for c in sorted(args.momentum_fractions):
         lines += ["", f"## Figure 5: FedAvg vs FedAvgM (Nesterov, server lr 1), C = {fmt(c)}", "",
-                  "| alpha | FedAvg | FedAvgM | gain | paper FedAvg | paper FedAvgM |", "|---|---|---|---|---|---|"]
+                  "| alpha | FedAvg | FedAvgM | gain, paired per seed | paper FedAvg | paper FedAvgM |",
+                  "|---|---|---|---|---|---|"]
         for a in alphas:
             f_, m_ = cells.get(("fedavg", a, c)), cells.get(("fedavgm", a, c))
             gain = "-"
             if f_ is not None and m_ is not None and f_.accs and m_.accs:
-                gain = f"{100 * (statistics.fmean(m_.accs) - statistics.fmean(f_.accs)):+.1f} pp"
+                gain = _paired_gain(f_.by_seed(), m_.by_seed())[1]
             lines.append(f"| {alpha_label(a)} | {_cell_text(f_)} | {_cell_text(m_)} | {gain} | "
                          f"{paper_2019('fedavg', a, c)} | {paper_2019('fedavgm', a, c)} |")
         lines += ["", f"## Figure 6: FedAvgM sensitivity, C = {fmt(c)} (accuracy % at the tuning seeds; rows beta, columns "
