@@ -735,7 +735,7 @@ def cell_results(args: argparse.Namespace, outs: Sequence[Outcome], chosen: dict
         etas, betas = sorted(set(args.lrs)), sorted(set(args.betas))
         edge = setting is not None and ((len(etas) > 1 and setting[1] in (etas[0], etas[-1]))
                                         or (key[0] == "fedavgm" and len(betas) > 1 and setting[0] in (betas[0], betas[-1])))
-        res[key] = CellResult(key, setting, [a for _, a in done], len(args.seeds), edge, table, tuple(sd for sd, _ in done))
+        res[key] = CellResult(key, setting, [a for _, a in done], len(args.seeds), edge, table, tuple(seed for seed, _ in done))
     return res
 
 
