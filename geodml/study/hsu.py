@@ -708,17 +708,17 @@ def plan_2019_confirm(args: argparse.Namespace, chosen: dict[CellKey, Setting]) 
 class CellResult:
     key: CellKey
     setting: Setting | None
-    accs: list[float]
+    by_seed: dict[int, float]
+    """The accuracy of each finished run at the chosen setting, by seed (for gains paired per seed)."""
     planned: int
     edge: bool
     """The chosen eta_eff (or FedAvgM's beta) is at an end of its grid: the tuning may be truncated."""
     grid: dict[Setting, list[float | None]]
     """Every grid point's accuracies at the tuning seeds (None: failed)."""
-    seeds: tuple[int, ...] = ()
-    """The seed of each of ``accs``, in order (for gains paired per seed)."""
 
-    def by_seed(self) -> dict[int, float]:
-        return dict(zip(self.seeds, self.accs, strict=True))
+    @property
+    def accs(self) -> list[float]:
+        return list(self.by_seed.values())
 
 
 def cell_results(args: argparse.Namespace, outs: Sequence[Outcome], chosen: dict[CellKey, Setting]) -> dict[CellKey, CellResult]:
@@ -730,12 +730,12 @@ def cell_results(args: argparse.Namespace, outs: Sequence[Outcome], chosen: dict
             if _key(o.run) == key and o.run.seed in tune:
                 table[(o.run.beta, float(o.run.eta_eff or 0.0))].append(o.accuracy)
         setting = chosen.get(key)
-        done = [(o.run.seed, o.accuracy) for o in outs if setting is not None and _key(o.run) == key
-                and (o.run.beta, o.run.eta_eff) == setting and o.accuracy is not None]
+        done = {o.run.seed: o.accuracy for o in outs if setting is not None and _key(o.run) == key
+                and (o.run.beta, o.run.eta_eff) == setting and o.accuracy is not None}
         etas, betas = sorted(set(args.lrs)), sorted(set(args.betas))
         edge = setting is not None and ((len(etas) > 1 and setting[1] in (etas[0], etas[-1]))
                                         or (key[0] == "fedavgm" and len(betas) > 1 and setting[0] in (betas[0], betas[-1])))
-        res[key] = CellResult(key, setting, [a for _, a in done], len(args.seeds), edge, table, tuple(seed for seed, _ in done))
+        res[key] = CellResult(key, setting, done, len(args.seeds), edge, table)
     return res
 
 
@@ -777,9 +777,9 @@ def _c_returns(alphas: list[float], fracs: list[float], accs: Callable[[CellKey]
     by side (marginal for identical data)."""
     out = ["2. **Increasing C yields diminishing returns, the gain especially marginal for identically distributed "
            "clients (Section 4.1, Figure 2).**"]
-    known = {a: [(c, v) for c in fracs if (v := accs(("fedavg", a, c)))] for a in alphas}
+    known = {a: {c: v for c in fracs if (v := accs(("fedavg", a, c)))} for a in alphas}
     for a in alphas:
-        ks = known[a]
+        ks = list(known[a].items())
         if len(ks) < 2:
             continue
         parts, per_doubling = [], []
@@ -796,11 +796,11 @@ def _c_returns(alphas: list[float], fracs: list[float], accs: Callable[[CellKey]
         out.append(f"   - alpha={fmt(a)}: gain per step up in C: {text}")
     ident, skew = (alphas[0], alphas[-1]) if len(alphas) >= 2 else (None, None)
     if ident is not None:
-        common = sorted({c for c, _ in known[ident]} & {c for c, _ in known[skew]})
+        common = sorted(known[ident].keys() & known[skew].keys())
         if len(common) >= 2:
             lo, hi = common[0], common[-1]
-            g_id, t_id = _paired_gain(dict(known[ident])[lo], dict(known[ident])[hi])
-            g_sk, t_sk = _paired_gain(dict(known[skew])[lo], dict(known[skew])[hi])
+            g_id, t_id = _paired_gain(known[ident][lo], known[ident][hi])
+            g_sk, t_sk = _paired_gain(known[skew][lo], known[skew][hi])
             out.append(f"   - C {fmt(lo)} -> {fmt(hi)}: alpha={fmt(ident)} {t_id} vs alpha={fmt(skew)} {t_sk}; "
                        f"smaller for the more identical clients: {'yes' if g_id < g_sk else 'no'}")
     return out
@@ -833,7 +833,7 @@ def claims_2019(args: argparse.Namespace, cells: dict[CellKey, CellResult]) -> l
             out.append(f"   - alpha={fmt(a)}: C {fmt(known2[-1][0])} -> {fmt(known2[0][0])}: {100 * known2[-1][1]:.1f}% -> "
                        f"{100 * known2[0][1]:.1f}% ({100 * (known2[0][1] - known2[-1][1]):+.1f} pp); accuracy is lower at "
                        f"the smaller C in {falls} of {len(known2) - 1} steps")
-    out += _c_returns(alphas, fracs, lambda key: cells[key].by_seed() if key in cells else None)
+    out += _c_returns(alphas, fracs, lambda key: cells[key].by_seed if key in cells else None)
     out.append("3. **Server momentum recovers much of the loss in the most skewed settings (Figure 5; the paper: "
                f"30.1% -> 76.9%, abstract; {H19_S42_TEXT}).**")
     for c in sorted(args.momentum_fractions):
@@ -842,7 +842,7 @@ def claims_2019(args: argparse.Namespace, cells: dict[CellKey, CellResult]) -> l
             f_, m_ = cells.get(("fedavg", a, c)), cells.get(("fedavgm", a, c))
             if f_ is None or m_ is None or not f_.accs or not m_.accs:
                 continue
-            gain, gain_text = _paired_gain(f_.by_seed(), m_.by_seed())
+            gain, gain_text = _paired_gain(f_.by_seed, m_.by_seed)
             lost = None if ref is None else ref - statistics.fmean(f_.accs)
             share = f"; recovers {100 * gain / lost:.0f}% of FedAvg's loss to alpha={fmt(alphas[0])}" if lost and lost > 0 else ""
             out.append(f"   - C={fmt(c)}, alpha={fmt(a)}: FedAvg {pct(f_.accs)}% -> FedAvgM {pct(m_.accs)}%: "
@@ -899,7 +899,7 @@ def markdown_2019(args: argparse.Namespace, cells: dict[CellKey, CellResult], ou
             f_, m_ = cells.get(("fedavg", a, c)), cells.get(("fedavgm", a, c))
             gain = "-"
             if f_ is not None and m_ is not None and f_.accs and m_.accs:
-                gain = _paired_gain(f_.by_seed(), m_.by_seed())[1]
+                gain = _paired_gain(f_.by_seed, m_.by_seed)[1]
             lines.append(f"| {alpha_label(a)} | {_cell_text(f_)} | {_cell_text(m_)} | {gain} | "
                          f"{paper_2019('fedavg', a, c)} | {paper_2019('fedavgm', a, c)} |")
         lines += ["", f"## Figure 6: FedAvgM sensitivity, C = {fmt(c)} (accuracy % at the tuning seeds; rows beta, columns "
