@@ -10,7 +10,11 @@ rank. Every flag, its type, choices, default and help come from the config datac
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
+import threading
+import time
 import tomllib
 from typing import Any, Callable, NoReturn
 
@@ -145,6 +149,39 @@ def _error(message: str) -> None:
     print("run 'python -m geodml --help' for the flags", file=sys.stderr)
 
 
+# How long a rank other than 0 that found a bad input waits for its torchrun agent's SIGTERM.
+# The agent stops every worker as soon as one exits, so a rank that left at once could stop
+# rank 0 before rank 0 printed the message (CI saw this once on 2 loaded cores: exit 2 from
+# rank 1, SIGTERM for rank 0, no message). Rank 0 exits right after printing, so the SIGTERM
+# normally comes within a monitor interval (0.1 s); the wait ends there.
+RANK0_GRACE_S = 20.0
+
+
+def _bad_input_exit(message: str, is_rank0: bool, grace_s: float | None = None) -> int:
+    """Exit code 2 for a bad input, with the message printed once: by rank 0. A rank other than 0
+    under a torchrun agent (TORCHELASTIC_RUN_ID) stays until the agent stops it, which happens
+    once rank 0 has printed and exited; the SIGTERM then ends it with exit code 2 too. If no
+    SIGTERM comes within the grace, rank 0 did not stop on this input (a check that only this
+    rank failed), so this rank prints the message itself and exits 2. Without an agent no one
+    stops the others, and the non-zero ranks exit at once, silent."""
+    if is_rank0:
+        _error(message)
+        return 2
+    if "TORCHELASTIC_RUN_ID" not in os.environ or threading.current_thread() is not threading.main_thread():
+        return 2
+
+    def stopped(signum: int, frame: object) -> None:
+        raise SystemExit(2)
+
+    previous = signal.signal(signal.SIGTERM, stopped)
+    try:
+        time.sleep(RANK0_GRACE_S if grace_s is None else grace_s)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    _error(message)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse, preflight, run. Exit codes: 0 done (or a torchrun restart that finds the run already
     finished), 2 bad input (one ``geodml: error:`` line from rank 0, every rank exits 2), 3 a rank
@@ -168,15 +205,11 @@ def main(argv: list[str] | None = None) -> int:
                   "torchrun restart", file=sys.stderr)
         return 0
     except ValueError as exc:
-        if is_rank0:
-            _error(str(exc))
-        return 2
+        return _bad_input_exit(str(exc), is_rank0)
     try:
         run(cfg, env, pre)
     except InputError as exc:  # found during set-up, after the process group exists (docs/reliability.md)
-        if is_rank0:
-            _error(str(exc))
-        return 2
+        return _bad_input_exit(str(exc), is_rank0)
     except StartupError as exc:  # a rank never joined: name it, no traceback
         if exc.speak:
             print(f"geodml: error: {exc}", file=sys.stderr)

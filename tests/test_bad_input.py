@@ -7,8 +7,12 @@ two run under a real torchrun to show that only rank 0 prints and every rank exi
 from __future__ import annotations
 
 import pickle
+import signal
 import socket
 import struct
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -384,3 +388,66 @@ def test_torchrun_decode_port_and_size_errors_exit_2_on_every_rank(case, tmp_pat
     assert "Traceback (most recent call last)" not in text.split("geodml: error")[0]
     assert text.count("Traceback (most recent call last)") <= 1
     assert _snapshot(out) == before
+
+
+# Rank 0 speaks, but under a torchrun agent a rank that leaves first gets rank 0 stopped (SIGTERM)
+# before it prints (CI, stop 44: no message at all). So a rank other than 0 waits for the agent's
+# SIGTERM, exits 2 on it, and prints the message itself only if the grace runs out.
+_WAITER = """
+import sys, types, time
+import geodml.cli as cli
+real_sleep = time.sleep
+def sleep(s):
+    print("waiting", flush=True)  # the SIGTERM handler is installed before the wait starts
+    real_sleep(s)
+cli.time = types.SimpleNamespace(sleep=sleep)
+code = cli._bad_input_exit("--metrics-port 9000: port 9001 is not free", False, grace_s=float(sys.argv[1]))
+print("returned", code, flush=True)
+sys.exit(code)
+"""
+
+
+def _waiter(grace_s: float, agent: bool) -> subprocess.Popen:
+    from tests.support.procs import _env
+    env = _env()
+    env.pop("TORCHELASTIC_RUN_ID", None)
+    if agent:
+        env["TORCHELASTIC_RUN_ID"] = "test"
+    return subprocess.Popen([sys.executable, "-c", _WAITER, str(grace_s)], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+
+
+@pytest.mark.integration
+def test_a_rank_other_than_0_waits_for_the_agents_sigterm_and_exits_2_silently():
+    proc = _waiter(60.0, agent=True)
+    try:
+        assert proc.stdout.readline() == "waiting\n"
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 2 and time.monotonic() - t0 < 30
+    assert "geodml: error:" not in err and "returned" not in out and "Traceback" not in err, err
+
+
+@pytest.mark.integration
+def test_a_rank_other_than_0_not_stopped_within_the_grace_prints_the_message_once():
+    proc = _waiter(0.2, agent=True)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 2 and out == "waiting\nreturned 2\n"
+    assert err.count("geodml: error:") == 1 and "port 9001 is not free" in err, err
+
+
+def test_without_an_agent_a_rank_other_than_0_leaves_at_once_silent_and_rank_0_speaks(capsys, monkeypatch):
+    from geodml.cli import _bad_input_exit
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    t0 = time.monotonic()
+    assert _bad_input_exit("bad", False, grace_s=60.0) == 2
+    assert time.monotonic() - t0 < 5 and capsys.readouterr().err == ""
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+    assert _bad_input_exit("bad", True, grace_s=60.0) == 2  # rank 0 never waits
+    assert capsys.readouterr().err.count("geodml: error: bad\n") == 1
