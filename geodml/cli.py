@@ -157,7 +157,7 @@ def _error(message: str) -> None:
 RANK0_GRACE_S = 20.0
 
 
-def _bad_input_exit(message: str, is_rank0: bool, grace_s: float | None = None) -> int:
+def _bad_input_exit(message: str, is_rank0: bool, grace_s: float = RANK0_GRACE_S) -> int:
     """Exit code 2 for a bad input, with the message printed once: by rank 0. A rank other than 0
     under a torchrun agent (TORCHELASTIC_RUN_ID) stays until the agent stops it, which happens
     once rank 0 has printed and exited; the SIGTERM then ends it with exit code 2 too. If no
@@ -175,7 +175,7 @@ def _bad_input_exit(message: str, is_rank0: bool, grace_s: float | None = None) 
 
     previous = signal.signal(signal.SIGTERM, stopped)
     try:
-        time.sleep(RANK0_GRACE_S if grace_s is None else grace_s)
+        time.sleep(grace_s)
     finally:
         signal.signal(signal.SIGTERM, previous)
     _error(message)
