@@ -540,3 +540,29 @@ def test_hsu2019_c_returns_compare_gains_per_doubling():
                     "0.2 -> 0.4 +5.0 pp (1 seed); per doubling of C, a step gains less than the one before in 0 of 1 pairs")
     accs[("fedavg", 0.0, 0.4)] = {0: 0.61}                   # +3 pp < +4.0 per doubling: diminishing
     assert hsu._c_returns([0.0], [0.05, 0.2, 0.4], accs.get)[1].endswith("in 1 of 1 pairs")
+
+
+def test_hsu2019_fedavg_lrs_give_fedavg_its_own_grid(tmp_path):
+    argv = ["--budget", "quick", "--alphas", "0", "--fractions", "0.2", "--momentum-fractions", "0.2", "--betas", "0.97",
+            "--seeds", "0,1", "--tune-seeds", "2", "--out", str(tmp_path / "s")]
+    same = hsu.parse_2019([*argv, "--lrs", "1,3"])
+    assert same.fedavg_lrs == same.lrs  # the default: one grid for both
+    args = hsu.parse_2019([*argv, "--lrs", "1,3", "--fedavg-lrs", "0.1"])
+    ids = sorted(r.run_id for r in hsu.plan_2019_tuning(args))
+    assert ids == ["fedavg-lr0.1-a0-c0.2-s0", "fedavg-lr0.1-a0-c0.2-s1",  # 1 FedAvg rate + 2 FedAvgM rates, x 2 seeds
+                   "fedavgm-b0.97-lr1-a0-c0.2-s0", "fedavgm-b0.97-lr1-a0-c0.2-s1",
+                   "fedavgm-b0.97-lr3-a0-c0.2-s0", "fedavgm-b0.97-lr3-a0-c0.2-s1"]
+    lrs = {r.run_id: r.lr for r in hsu.plan_2019_tuning(args)}
+    assert lrs["fedavg-lr0.1-a0-c0.2-s0"] == 0.1 and abs(lrs["fedavgm-b0.97-lr3-a0-c0.2-s0"] - 0.09) < 1e-12  # 3 x (1 - 0.97)
+    acc = {"fedavg-lr0.1": 0.60, "fedavgm-b0.97-lr1": 0.70, "fedavgm-b0.97-lr3": 0.65}
+    outs = [hsu.Outcome(r, "ok", accuracy=acc[r.run_id.rsplit("-a0", 1)[0]]) for r in hsu.plan_2019_tuning(args)]
+    chosen = hsu.choose_2019(args, outs)
+    assert chosen == {("fedavg", 0.0, 0.2): (0.0, 0.1), ("fedavgm", 0.0, 0.2): (0.97, 1.0)}
+    cells = hsu.cell_results(args, outs, chosen)
+    assert cells[("fedavg", 0.0, 0.2)].edge is False  # a one-point grid of its own: no edge (as with --lrs alone)
+    assert cells[("fedavgm", 0.0, 0.2)].edge is True  # 1 is the low end of FedAvgM's grid 1, 3
+    md = hsu.markdown_2019(args, cells, outs, [])
+    assert "the eta_eff grid 1, 3 (FedAvg's: 0.1) (the paper" in md
+    assert "| 0 | 60.0 ± 0.0 [lr 0.1] | 70.0 ± 0.0 [β 0.97, η_eff 1 (edge)] | +10.0 ± 0.0 pp (2 seeds) |" in md
+    with pytest.raises(hsu.StudyError, match="--fedavg-lrs"):
+        hsu.parse_2019([*argv, "--fedavg-lrs", "0,0.1"])

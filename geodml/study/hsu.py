@@ -25,10 +25,11 @@ classification" (Hsu et al. 2019):
   ``eta_eff = eta / (1 - beta)`` (Figure 6): the client rate is ``eta = eta_eff (1 - beta)``.
 * Learning rates: the paper searches eta in {1e-4, 3e-4, ..., 0.1, 0.3} (8 values, 5 populations
   each) per cell. Here the grid is in eta_eff, three half-decade points 0.03, 0.1, 0.3 by default
-  (``--lrs``): the same spacing as the paper's grid, around plain SGD's usual rate for this network
-  on 28x28 images; the paper's 8 rates x 5 populations per cell (FedAvgM: x 6 betas) would be 8x
-  (FedAvg) to 14x (FedAvgM) more runs than ours (see docs/study.md for the run counts). A cell
-  whose best rate (or beta) is at an end of its grid is flagged "(edge)": its tuning may be truncated.
+  (``--lrs``; FedAvg's cells may take their own grid, ``--fedavg-lrs``): the same spacing as the
+  paper's grid, around plain SGD's usual rate for this network on 28x28 images; the paper's 8 rates
+  x 5 populations per cell (FedAvgM: x 6 betas) would be 8x (FedAvg) to 14x (FedAvgM) more runs
+  than ours (see docs/study.md for the run counts). A cell whose best rate (or beta) is at an end
+  of its grid is flagged "(edge)": its tuning may be truncated.
 * Tuning protocol: each cell's grid (FedAvg: eta_eff; FedAvgM: beta x eta_eff) is run at the first
   ``--tune-seeds`` seeds (default 1); the setting with the best mean final accuracy is then run at
   the remaining seeds, and the cell reports mean +- std over all its seeds at that setting (the
@@ -600,7 +601,10 @@ def parse_2019(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--betas", type=finite_floats, help="FedAvgM server momenta (default: quick 0.9, full 0.7,0.9,0.97,0.99,"
                    "0.997)")
     p.add_argument("--lrs", type=finite_floats, help="effective learning rates eta_eff = eta/(1-beta) of every cell's grid "
-                   "(default: quick 0.05,0.2; full 0.03,0.1,0.3)")
+                   "(FedAvg's too unless --fedavg-lrs; default: quick 0.05,0.2; full 0.03,0.1,0.3)")
+    p.add_argument("--fedavg-lrs", type=finite_floats, help="FedAvg's own rate grid, when it differs from --lrs (default: "
+                   "--lrs). Every FedAvgM cell still brings its FedAvg cell at the same C; this lets an extension of "
+                   "FedAvgM's grid pair with FedAvg's known best rate instead of rerunning FedAvg where it diverges")
     p.add_argument("--tune-seeds", type=int, default=1, help="seeds (the first of --seeds) every grid point runs at; the "
                    "best setting of a cell then runs at the other seeds")
     final_rounds_arg(p)
@@ -614,6 +618,7 @@ def parse_2019(argv: list[str]) -> argparse.Namespace:
         ((0.1,) if quick else (0.05,))
     args.betas = args.betas or ((0.9,) if quick else H19_BETAS)
     args.lrs = args.lrs or ((0.05, 0.2) if quick else (0.03, 0.1, 0.3))
+    args.fedavg_lrs = args.fedavg_lrs or args.lrs
     if args.rounds < 1:
         raise StudyError(f"--rounds must be >= 1, got {args.rounds}")
     args.final_rounds = final_rounds(args.final_rounds, rounds=args.rounds, quick=args.budget == "quick",
@@ -628,6 +633,7 @@ def parse_2019(argv: list[str]) -> argparse.Namespace:
     if any(not 0 < b < 1 for b in args.betas):
         raise StudyError("--betas must be in (0, 1) (beta = 0 is FedAvg, which every cell runs)")
     _positive("--lrs", args.lrs)
+    _positive("--fedavg-lrs", args.fedavg_lrs)
     if not 1 <= args.tune_seeds <= len(args.seeds):
         raise StudyError(f"--tune-seeds must be in 1..{len(args.seeds)} (the number of --seeds), got {args.tune_seeds}")
     return args
@@ -665,7 +671,7 @@ def cells_2019(args: argparse.Namespace) -> dict[CellKey, list[Setting]]:
     cells: dict[CellKey, list[Setting]] = {}
     for alpha in args.alphas:
         for c in dict.fromkeys((*args.fractions, *args.momentum_fractions)):  # FedAvgM's C always has its FedAvg cell
-            cells[("fedavg", alpha, c)] = [(0.0, e) for e in args.lrs]
+            cells[("fedavg", alpha, c)] = [(0.0, e) for e in args.fedavg_lrs]
         for c in args.momentum_fractions:
             cells[("fedavgm", alpha, c)] = [(b, e) for b in args.betas for e in args.lrs]
     return cells
@@ -732,7 +738,7 @@ def cell_results(args: argparse.Namespace, outs: Sequence[Outcome], chosen: dict
         setting = chosen.get(key)
         done = {o.run.seed: o.accuracy for o in outs if setting is not None and _key(o.run) == key
                 and (o.run.beta, o.run.eta_eff) == setting and o.accuracy is not None}
-        etas, betas = sorted(set(args.lrs)), sorted(set(args.betas))
+        etas, betas = sorted(set(args.fedavg_lrs if key[0] == "fedavg" else args.lrs)), sorted(set(args.betas))
         edge = setting is not None and ((len(etas) > 1 and setting[1] in (etas[0], etas[-1]))
                                         or (key[0] == "fedavgm" and len(betas) > 1 and setting[0] in (betas[0], betas[-1])))
         res[key] = CellResult(key, setting, done, len(args.seeds), edge, table)
@@ -877,7 +883,9 @@ def markdown_2019(args: argparse.Namespace, cells: dict[CellKey, CellResult], ou
              f"{p.clients} clients x {p.client_size} examples, class mix Dir(alpha p) drawn without replacement; E = 1 "
              f"(= {p.iter_local} local steps of B = {p.batch}, --iter-local), plain client SGD, weight decay "
              f"{fmt(H19_WEIGHT_DECAY)}, {args.model}; {args.rounds} rounds per run (the paper: {H19_ROUNDS:,}); "
-             f"learning rates: the eta_eff grid {', '.join(fmt(x) for x in args.lrs)} (the paper: eta in "
+             f"learning rates: the eta_eff grid {', '.join(fmt(x) for x in args.lrs)}"
+             + ("" if tuple(args.fedavg_lrs) == tuple(args.lrs)
+                else f" (FedAvg's: {', '.join(fmt(x) for x in args.fedavg_lrs)})") + " (the paper: eta in "
              f"{{1e-4, 3e-4, ..., 0.3}}), tuned at seed(s) {', '.join(map(str, args.seeds[:args.tune_seeds]))}, "
              f"the best then run at {', '.join(map(str, args.seeds[args.tune_seeds:])) or 'no other seed'}. "
              f"Cells: final top-1 test accuracy in % ({final_text(args)}), mean ± std over seeds at the chosen "
@@ -1044,7 +1052,7 @@ def hsu2019(argv: list[str] | None = None, *, launcher: Launcher = torchrun_laun
     report = {"study": "hsu2019", "paper": "Hsu, Qi & Brown 2019", "budget": args.budget, "dataset": args.dataset,
               "model": args.model, "rounds": args.rounds, "final_rounds": args.final_rounds, "seeds": list(args.seeds),
               "tune_seeds": args.tune_seeds,
-              "lrs": list(args.lrs), "betas": list(args.betas), "out": str(args.out),
+              "lrs": list(args.lrs), "fedavg_lrs": list(args.fedavg_lrs), "betas": list(args.betas), "out": str(args.out),
               "cells": [{"algo": k[0], "alpha": k[1], "fraction": k[2], "beta": None if c.setting is None else c.setting[0],
                          "eta_eff": None if c.setting is None else c.setting[1], "accuracies": c.accs, "edge": c.edge}
                         for k, c in cells.items()],
