@@ -738,9 +738,9 @@ def cell_results(args: argparse.Namespace, outs: Sequence[Outcome], chosen: dict
         setting = chosen.get(key)
         done = {o.run.seed: o.accuracy for o in outs if setting is not None and _key(o.run) == key
                 and (o.run.beta, o.run.eta_eff) == setting and o.accuracy is not None}
-        etas, betas = sorted(set(args.fedavg_lrs if key[0] == "fedavg" else args.lrs)), sorted(set(args.betas))
+        etas, betas = sorted({e for _, e in grid}), sorted({b for b, _ in grid})  # the cell's own grid (FedAvg: beta 0 only)
         edge = setting is not None and ((len(etas) > 1 and setting[1] in (etas[0], etas[-1]))
-                                        or (key[0] == "fedavgm" and len(betas) > 1 and setting[0] in (betas[0], betas[-1])))
+                                        or (len(betas) > 1 and setting[0] in (betas[0], betas[-1])))
         res[key] = CellResult(key, setting, done, len(args.seeds), edge, table)
     return res
 
