@@ -559,10 +559,13 @@ def test_hsu2019_fedavg_lrs_give_fedavg_its_own_grid(tmp_path):
     chosen = hsu.choose_2019(args, outs)
     assert chosen == {("fedavg", 0.0, 0.2): (0.0, 0.1), ("fedavgm", 0.0, 0.2): (0.97, 1.0)}
     cells = hsu.cell_results(args, outs, chosen)
-    assert cells[("fedavg", 0.0, 0.2)].edge is False  # a one-point grid of its own: no edge (as with --lrs alone)
+    assert cells[("fedavg", 0.0, 0.2)].edge is False  # a one-point grid of its own: no edge (as with --lrs alone) ...
+    assert cells[("fedavg", 0.0, 0.2)].one_rate is True  # ... but marked as not tuned
     assert cells[("fedavgm", 0.0, 0.2)].edge is True  # 1 is the low end of FedAvgM's grid 1, 3
+    assert cells[("fedavgm", 0.0, 0.2)].one_rate is False
     md = hsu.markdown_2019(args, cells, outs, [])
     assert "the eta_eff grid 1, 3 (FedAvg's: 0.1) (the paper" in md
-    assert "| 0 | 60.0 ± 0.0 [lr 0.1] | 70.0 ± 0.0 [β 0.97, η_eff 1 (edge)] | +10.0 ± 0.0 pp (2 seeds) |" in md
+    assert "| 0 | 60.0 ± 0.0 [lr 0.1 (one rate)] | 70.0 ± 0.0 [β 0.97, η_eff 1 (edge)] | +10.0 ± 0.0 pp (2 seeds) |" in md
+    assert "(one rate): the cell ran one eta_eff, so its rate was not tuned." in md
     with pytest.raises(hsu.StudyError, match="--fedavg-lrs"):
         hsu.parse_2019([*argv, "--fedavg-lrs", "0,0.1"])

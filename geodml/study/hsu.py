@@ -29,7 +29,8 @@ classification" (Hsu et al. 2019):
   paper's grid, around plain SGD's usual rate for this network on 28x28 images; the paper's 8 rates
   x 5 populations per cell (FedAvgM: x 6 betas) would be 8x (FedAvg) to 14x (FedAvgM) more runs
   than ours (see docs/study.md for the run counts). A cell whose best rate (or beta) is at an end
-  of its grid is flagged "(edge)": its tuning may be truncated.
+  of its grid is flagged "(edge)": its tuning may be truncated; a cell that ran one rate is flagged
+  "(one rate)": its rate was not tuned.
 * Tuning protocol: each cell's grid (FedAvg: eta_eff; FedAvgM: beta x eta_eff) is run at the first
   ``--tune-seeds`` seeds (default 1); the setting with the best mean final accuracy is then run at
   the remaining seeds, and the cell reports mean +- std over all its seeds at that setting (the
@@ -719,6 +720,8 @@ class CellResult:
     planned: int
     edge: bool
     """The chosen eta_eff (or FedAvgM's beta) is at an end of its grid: the tuning may be truncated."""
+    one_rate: bool
+    """The cell's eta_eff grid has one point: its rate was not tuned at all (an edge on both sides)."""
     grid: dict[Setting, list[float | None]]
     """Every grid point's accuracies at the tuning seeds (None: failed)."""
 
@@ -741,7 +744,7 @@ def cell_results(args: argparse.Namespace, outs: Sequence[Outcome], chosen: dict
         etas, betas = sorted({e for _, e in grid}), sorted({b for b, _ in grid})  # the cell's own grid (FedAvg: beta 0 only)
         edge = setting is not None and ((len(etas) > 1 and setting[1] in (etas[0], etas[-1]))
                                         or (len(betas) > 1 and setting[0] in (betas[0], betas[-1])))
-        res[key] = CellResult(key, setting, done, len(args.seeds), edge, table)
+        res[key] = CellResult(key, setting, done, len(args.seeds), edge, len(etas) == 1, table)
     return res
 
 
@@ -751,8 +754,13 @@ def _cell_text(c: CellResult | None, *, with_setting: bool = True) -> str:
     if c.setting is None:
         return "FAILED"
     beta, eta = c.setting
-    what = (f"lr {fmt(eta)}" if c.key[0] == "fedavg" else f"β {fmt(beta)}, η_eff {fmt(eta)}") + (" (edge)" if c.edge else "")
+    what = (f"lr {fmt(eta)}" if c.key[0] == "fedavg" else f"β {fmt(beta)}, η_eff {fmt(eta)}") + _marks(c)
     return pct(c.accs, c.planned) + (f" [{what}]" if with_setting else "")
+
+
+def _marks(c: CellResult) -> str:
+    """The tuning caveats of a cell's chosen setting, as the report's legend explains them."""
+    return (" (edge)" if c.edge else "") + (" (one rate)" if c.one_rate else "")
 
 
 def paper_2019(algo: str, alpha: float, c: float) -> str:
@@ -866,7 +874,7 @@ def claims_2019(args: argparse.Namespace, cells: dict[CellKey, CellResult]) -> l
                     [x for x in accs if x is not None] for accs in cr.grid.values()) if v), reverse=True)
                 margin = f", margin {100 * (means[0] - means[1]):.1f} pp" if len(means) > 1 else ""
                 what = f"lr {fmt(cr.setting[1])}" if algo == "fedavg" else f"β {fmt(cr.setting[0])}/η_eff {fmt(cr.setting[1])}"
-                parts.append(f"alpha {fmt(a)}: {what}{' (edge)' if cr.edge else ''}{margin}")
+                parts.append(f"alpha {fmt(a)}: {what}{_marks(cr)}{margin}")
             if parts:
                 distinct = len({cells[(algo, a, c)].setting for a in alphas
                                 if (algo, a, c) in cells and cells[(algo, a, c)].setting is not None})
@@ -890,7 +898,8 @@ def markdown_2019(args: argparse.Namespace, cells: dict[CellKey, CellResult], ou
              f"the best then run at {', '.join(map(str, args.seeds[args.tune_seeds:])) or 'no other seed'}. "
              f"Cells: final top-1 test accuracy in % ({final_text(args)}), mean ± std over seeds at the chosen "
              "setting [setting]; "
-             "(edge): the best eta_eff (FedAvgM: or beta) is at an end of its grid, so the tuning may be truncated.", "",
+             "(edge): the best eta_eff (FedAvgM: or beta) is at an end of its grid, so the tuning may be truncated; "
+             "(one rate): the cell ran one eta_eff, so its rate was not tuned.", "",
              "The paper's numbers are CIFAR-10 after 10,000 rounds; its per-cell values are in Figures 2 and 5 only "
              f"(not in the text), so the paper columns quote what the text states. Centralized CIFAR-10: "
              f"{H19_CENTRALIZED}% (§4.2).", "",
@@ -1054,7 +1063,8 @@ def hsu2019(argv: list[str] | None = None, *, launcher: Launcher = torchrun_laun
               "tune_seeds": args.tune_seeds,
               "lrs": list(args.lrs), "fedavg_lrs": list(args.fedavg_lrs), "betas": list(args.betas), "out": str(args.out),
               "cells": [{"algo": k[0], "alpha": k[1], "fraction": k[2], "beta": None if c.setting is None else c.setting[0],
-                         "eta_eff": None if c.setting is None else c.setting[1], "accuracies": c.accs, "edge": c.edge}
+                         "eta_eff": None if c.setting is None else c.setting[1], "accuracies": c.accs, "edge": c.edge,
+                         "one_rate": c.one_rate}
                         for k, c in cells.items()],
               "claims": claims, "failed": [o.run.run_id for o in outs if o.status in FAILED],
               "runs": rows(outs)}
