@@ -720,14 +720,17 @@ class CellResult:
     planned: int
     edge: bool
     """The chosen eta_eff (or FedAvgM's beta) is at an end of its grid: the tuning may be truncated."""
-    one_rate: bool
-    """The cell's eta_eff grid has one point: its rate was not tuned at all (an edge on both sides)."""
     grid: dict[Setting, list[float | None]]
     """Every grid point's accuracies at the tuning seeds (None: failed)."""
 
     @property
     def accs(self) -> list[float]:
         return list(self.by_seed.values())
+
+    @property
+    def one_rate(self) -> bool:
+        """The cell's eta_eff grid has one point: its rate was not tuned at all (an edge on both sides)."""
+        return len({eta for _, eta in self.grid}) == 1
 
 
 def cell_results(args: argparse.Namespace, outs: Sequence[Outcome], chosen: dict[CellKey, Setting]) -> dict[CellKey, CellResult]:
@@ -744,7 +747,7 @@ def cell_results(args: argparse.Namespace, outs: Sequence[Outcome], chosen: dict
         etas, betas = sorted({e for _, e in grid}), sorted({b for b, _ in grid})  # the cell's own grid (FedAvg: beta 0 only)
         edge = setting is not None and ((len(etas) > 1 and setting[1] in (etas[0], etas[-1]))
                                         or (len(betas) > 1 and setting[0] in (betas[0], betas[-1])))
-        res[key] = CellResult(key, setting, done, len(args.seeds), edge, len(etas) == 1, table)
+        res[key] = CellResult(key, setting, done, len(args.seeds), edge, table)
     return res
 
 
