@@ -297,6 +297,8 @@ def test_drawdown_by_hand():
     ("hsu2019", ["--lrs", "0.1,-0.1"], "--lrs must be > 0"),
     ("hsu2019", ["--fractions", "0.001"], "--fractions 0.001 selects no client of 100"),
     ("hsu2019", ["--rounds", "0"], "--rounds must be >= 1"),
+    ("hsu2019", ["--fedavg-only", "--betas", "0.9"], "--fedavg-only runs no FedAvgM cell"),
+    ("hsu2019", ["--fedavg-only", "--momentum-fractions", "0.1"], "--fedavg-only runs no FedAvgM cell"),
     ("hsu2019", ["--final-rounds", "0"], "--final-rounds must be in 1..100 (the rounds of a run), got 0"),
     ("hsu2020", ["--rounds", "5", "--final-rounds", "6"], "--final-rounds must be in 1..5 (the rounds of a run), got 6"),
     ("hsu2019", ["--processes", "0"], "--processes must be in 1..100"),
@@ -569,3 +571,27 @@ def test_hsu2019_fedavg_lrs_give_fedavg_its_own_grid(tmp_path):
     assert "(one rate): the cell ran one eta_eff, so its rate was not tuned." in md
     with pytest.raises(hsu.StudyError, match="--fedavg-lrs"):
         hsu.parse_2019([*argv, "--fedavg-lrs", "0,0.1"])
+
+
+def test_hsu2019_fedavg_only_plans_and_reports_figure_2_alone(tmp_path, capsys):
+    out = tmp_path / "s"
+    argv = ["--budget", "quick", "--alphas", "1", "--fractions", "0.2", "--fedavg-only", "--lrs", "0.05,0.2", "--seeds",
+            "0,1", "--tune-seeds", "2", "--out", str(out)]
+    args = hsu.parse_2019(argv)
+    assert args.momentum_fractions == () and args.betas == ()
+    runs = {r.run_id: r for r in hsu.plan_2019_tuning(args)}
+    # 1 alpha x 1 C x 2 rates x 2 seeds, FedAvg only (the default would add C = 0.1's FedAvg and FedAvgM cells)
+    assert sorted(runs) == ["fedavg-lr0.05-a1-c0.2-s0", "fedavg-lr0.05-a1-c0.2-s1", "fedavg-lr0.2-a1-c0.2-s0",
+                            "fedavg-lr0.2-a1-c0.2-s1"]
+    for rid, acc in {"fedavg-lr0.05-a1-c0.2-s0": 0.70, "fedavg-lr0.05-a1-c0.2-s1": 0.74,
+                     "fedavg-lr0.2-a1-c0.2-s0": 0.80, "fedavg-lr0.2-a1-c0.2-s1": 0.78}.items():
+        fake_run(out, runs[rid].spec, acc)
+    assert hsu.hsu2019(argv, launcher=no_launch) == 0
+    assert capsys.readouterr().out.count("] reused ") == 4
+    md = (out / "hsu2019.md").read_text()
+    # lr 0.2: (0.80 + 0.78) / 2 = 79.0, sd |0.80 - 0.78| / sqrt(2) = 1.4; over 0.05's 72.0 by 7.0 pp
+    assert "| 0.2 | 79.0 ± 1.4 [lr 0.2 (edge)] |" in md and "## Figure 5" not in md and "FedAvgM C=" not in md
+    assert "   - not measured: --fedavg-only ran no FedAvgM cell" in md
+    assert "FedAvg C=0.2: 1 distinct best settings over 1 alphas: alpha 1: lr 0.2 (edge), margin 7.0 pp" in md
+    assert (out / "fig2_fedavg.png").exists() and not (out / "fig5_fedavgm.png").exists()
+    assert not (out / "fig6_sensitivity.png").exists()

@@ -38,7 +38,8 @@ classification" (Hsu et al. 2019):
   paper's own protocol: every rate averaged over every population, then the best).
 * Budget: ``--rounds`` (full: 100, 1% of the paper's 10,000 rounds; Fashion-MNIST trains much
   faster than CIFAR-10, still the accuracies are short-budget ones); FedAvgM runs at the report goals
-  ``--momentum-fractions`` (default 0.05, the setting the paper's Section 4.2 quotes).
+  ``--momentum-fractions`` (default 0.05, the setting the paper's Section 4.2 quotes); ``--fedavg-only``
+  runs no FedAvgM cell (Figure 2 alone).
 * Final accuracy of a run (hsu2019 and hsu2020's FedIR): the mean of the global model's accuracy after
   each of its last ``--final-rounds`` rounds (full: 10, FULL_FINAL_ROUNDS; geodml's ``--eval-at``), not
   the last round alone; the paper reads its final values off the learning curves and does not say more.
@@ -601,6 +602,8 @@ def parse_2019(argv: list[str]) -> argparse.Namespace:
                    "0.1, full 0.05)")
     p.add_argument("--betas", type=finite_floats, help="FedAvgM server momenta (default: quick 0.9, full 0.7,0.9,0.97,0.99,"
                    "0.997)")
+    p.add_argument("--fedavg-only", action="store_true", help="FedAvg cells alone (the paper's Figure 2), no FedAvgM: "
+                   "neither --momentum-fractions nor --betas may be given")
     p.add_argument("--lrs", type=finite_floats, help="effective learning rates eta_eff = eta/(1-beta) of every cell's grid "
                    "(FedAvg's too unless --fedavg-lrs; default: quick 0.05,0.2; full 0.03,0.1,0.3)")
     p.add_argument("--fedavg-lrs", type=finite_floats, help="FedAvg's own rate grid, when it differs from --lrs (default: "
@@ -615,9 +618,11 @@ def parse_2019(argv: list[str]) -> argparse.Namespace:
     args.rounds = args.rounds if args.rounds is not None else (3 if quick else 100)
     args.alphas = args.alphas or ((100.0, 0.0) if quick else H19_ALPHAS)
     args.fractions = args.fractions or ((0.1, 0.2) if quick else H19_FRACTIONS)
-    args.momentum_fractions = args.momentum_fractions if args.momentum_fractions is not None else \
-        ((0.1,) if quick else (0.05,))
-    args.betas = args.betas or ((0.9,) if quick else H19_BETAS)
+    if args.fedavg_only and (args.momentum_fractions is not None or args.betas is not None):
+        raise StudyError("--fedavg-only runs no FedAvgM cell: drop --momentum-fractions and --betas")
+    args.momentum_fractions = () if args.fedavg_only else args.momentum_fractions if args.momentum_fractions is not None \
+        else ((0.1,) if quick else (0.05,))
+    args.betas = () if args.fedavg_only else args.betas or ((0.9,) if quick else H19_BETAS)
     args.lrs = args.lrs or ((0.05, 0.2) if quick else (0.03, 0.1, 0.3))
     args.fedavg_lrs = args.fedavg_lrs or args.lrs
     if args.rounds < 1:
@@ -853,6 +858,8 @@ def claims_2019(args: argparse.Namespace, cells: dict[CellKey, CellResult]) -> l
     out += _c_returns(alphas, fracs, lambda key: cells[key].by_seed if key in cells else None)
     out.append("3. **Server momentum recovers much of the loss in the most skewed settings (Figure 5; the paper: "
                f"30.1% -> 76.9%, abstract; {H19_S42_TEXT}).**")
+    if not args.momentum_fractions:
+        out.append("   - not measured: --fedavg-only ran no FedAvgM cell")
     for c in sorted(args.momentum_fractions):
         ref = mean(("fedavg", alphas[0], c))
         for a in alphas[-2:][::-1]:
