@@ -490,3 +490,10 @@ def test_dry_run_marks_finished_and_running_runs(tmp_path, capsys):
     assert f"  finished {done.run_id}: {' '.join(done.argv)}" in lines
     assert f"  running  {busy.run_id}: {' '.join(busy.argv)}" in lines
     assert sum(x.startswith("  to run ") for x in lines) == n - 2
+
+
+def test_progress_line_names_its_accuracy_the_last_evaluation(tmp_path):
+    spec = runner.RunSpec("r", tmp_path / "r", ("--steps", "1"), 1)
+    ok = runner.RunResult(spec, "ok", summary={"final_val_accuracy": 0.87019, "wan_bytes_total": 1234567})
+    assert runner.describe(ok) == "last-eval accuracy 0.8702, WAN bytes 1,234,567"
+    assert runner.describe(runner.RunResult(spec, "reused", summary={})) == "last-eval accuracy ?"

@@ -345,12 +345,14 @@ def _finish(live: _Live, *, timed_out: bool) -> RunResult:
 
 
 def describe(result: RunResult) -> str:
-    """One progress line for a finished run."""
+    """One progress line for a finished run. Its accuracy is the run's own last evaluation (summary.json's
+    final_val_accuracy), labelled so: a study's report may score a run otherwise (hsu2019: the mean of the last
+    rounds' evaluations)."""
     s = result.summary or {}
     if result.succeeded:
         acc, wan = s.get("final_val_accuracy"), s.get("wan_bytes_total")
-        acc_s = f"{acc:.4f}" if isinstance(acc, (int, float)) else "?"
-        return f"accuracy {acc_s}, WAN bytes {wan:,}" if isinstance(wan, int) else f"accuracy {acc_s}"
+        acc_s = f"last-eval accuracy {acc:.4f}" if isinstance(acc, (int, float)) else "last-eval accuracy ?"
+        return f"{acc_s}, WAN bytes {wan:,}" if isinstance(wan, int) else acc_s
     return f"{result.error}" + (f"; stderr tail:\n{_indent(result.stderr_tail)}" if result.stderr_tail else "")
 
 
