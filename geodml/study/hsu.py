@@ -618,11 +618,14 @@ def parse_2019(argv: list[str]) -> argparse.Namespace:
     args.rounds = args.rounds if args.rounds is not None else (3 if quick else 100)
     args.alphas = args.alphas or ((100.0, 0.0) if quick else H19_ALPHAS)
     args.fractions = args.fractions or ((0.1, 0.2) if quick else H19_FRACTIONS)
-    if args.fedavg_only and (args.momentum_fractions is not None or args.betas is not None):
-        raise StudyError("--fedavg-only runs no FedAvgM cell: drop --momentum-fractions and --betas")
-    args.momentum_fractions = () if args.fedavg_only else args.momentum_fractions if args.momentum_fractions is not None \
-        else ((0.1,) if quick else (0.05,))
-    args.betas = () if args.fedavg_only else args.betas or ((0.9,) if quick else H19_BETAS)
+    if args.fedavg_only:
+        if args.momentum_fractions is not None or args.betas is not None:
+            raise StudyError("--fedavg-only runs no FedAvgM cell: drop --momentum-fractions and --betas")
+        args.momentum_fractions, args.betas = (), ()
+    else:
+        args.momentum_fractions = args.momentum_fractions if args.momentum_fractions is not None else \
+            ((0.1,) if quick else (0.05,))
+        args.betas = args.betas or ((0.9,) if quick else H19_BETAS)
     args.lrs = args.lrs or ((0.05, 0.2) if quick else (0.03, 0.1, 0.3))
     args.fedavg_lrs = args.fedavg_lrs or args.lrs
     if args.rounds < 1:

@@ -351,7 +351,7 @@ def describe(result: RunResult) -> str:
     s = result.summary or {}
     if result.succeeded:
         acc, wan = s.get("final_val_accuracy"), s.get("wan_bytes_total")
-        acc_s = f"last-eval accuracy {acc:.4f}" if isinstance(acc, (int, float)) else "last-eval accuracy ?"
+        acc_s = "last-eval accuracy " + (f"{acc:.4f}" if isinstance(acc, (int, float)) else "?")
         return f"{acc_s}, WAN bytes {wan:,}" if isinstance(wan, int) else acc_s
     return f"{result.error}" + (f"; stderr tail:\n{_indent(result.stderr_tail)}" if result.stderr_tail else "")
 
