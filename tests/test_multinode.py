@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.support.procs import REPO, _env, _kill, free_port, run_command
+from tests.support.procs import REPO, _env, _kill, free_base, free_port, run_command
 
 LAUNCH = REPO / "launch"
 JOB = ["--algo", "gaia", "--t0", "0.05", "--steps", "12", "--batch-size", "10", "--model", "mlp", "--wan", "virtual",
@@ -67,9 +67,8 @@ def test_two_nodes_equal_one_node(tmp_path):
     env = _launch_env(tmp_path, NPROC="4", MASTER_PORT=str(free_port()))
     proc = run_command(["bash", str(LAUNCH / "run.sh"), *JOB, "--out", str(one)], timeout_s=240, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    base0, base1 = free_port(), free_port()
-    while abs(base1 - base0) < 2:
-        base1 = free_port()
+    base0 = free_base(2)
+    base1 = free_base(2, avoid=(base0, base0 + 1))
     _run_two_nodes(tmp_path, two, (base0, base1))
 
     # The same final weights, exactly: the global model and every partition's own model.

@@ -6,37 +6,15 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 
 import pytest
 
-from tests.support.procs import REPO, free_port
+from tests.support.procs import REPO, free_base  # noqa: F401  (re-exported for the monitoring tests)
 
 DASHBOARD = REPO / "launch/grafana/provisioning/dashboards/geodml.json"
 PROM_CONFIG = REPO / "launch/prometheus/prometheus.yml"
 CUDA_ONLY = {"geodml_gpu_memory_allocated_bytes", "geodml_gpu_memory_reserved_bytes"}
 """Metrics only a CUDA run exports."""
-
-
-def free_base(n: int) -> int:
-    """A base port with ``n`` consecutive free ports on loopback."""
-    for _ in range(50):
-        base = free_port()
-        if base + n > 65535:
-            continue
-        try:
-            socks = []
-            for p in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range")
 
 
 PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless", "offset"}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import random
 import signal
 import socket
 import subprocess
@@ -32,6 +33,40 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    """The lowest port of the kernel's ephemeral range (32768 on Linux by default)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_base(n: int, avoid: tuple[int, ...] = ()) -> int:
+    """A base port with ``n`` consecutive free ports on loopback, none of them in ``avoid``.
+
+    Drawn below the ephemeral range: a port the kernel hands out for outgoing connections
+    (the torchrun store's clients, gloo, ZeroMQ) can take a free ephemeral port between this
+    check and the exporter's bind, which once failed a CI run ("port base + 1 ... is not free")."""
+    hi, rng = _ephemeral_low() - n, random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, hi)
+        if any(base <= a < base + n for a in avoid):
+            continue
+        socks = []
+        try:
+            for p in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports on loopback in 20000..{hi + n}")
 
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
