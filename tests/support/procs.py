@@ -35,24 +35,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _ephemeral_low() -> int:
-    """The lowest port of the kernel's ephemeral range (32768 on Linux by default)."""
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's ephemeral port range, both ends included (32768-60999 on Linux by default)."""
     try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
+        low, high = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[:2])
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def free_base(n: int, avoid: tuple[int, ...] = ()) -> int:
     """A base port with ``n`` consecutive free ports on loopback, none of them in ``avoid``.
 
-    Drawn below the ephemeral range: a port the kernel hands out for outgoing connections
-    (the torchrun store's clients, gloo, ZeroMQ) can take a free ephemeral port between this
-    check and the exporter's bind, which once failed a CI run ("port base + 1 ... is not free")."""
-    hi, rng = _ephemeral_low() - n, random.Random()
+    Drawn outside the ephemeral range (below it, else above it): a port the kernel hands out for
+    outgoing connections (the torchrun store's clients, gloo, ZeroMQ) can take a free ephemeral
+    port between this check and the exporter's bind, which once failed a CI run ("port base + 1
+    ... is not free"). Where the ephemeral range leaves no room (a host with 1024-65535), any
+    base is drawn and that race remains."""
+    low, high = _ephemeral_range()
+    spans = [(a, b) for a, b in ((20000, low - n), (high + 1, 65536 - n)) if a <= b]  # base in [a, b]
+    rng = random.Random()
     for _ in range(200):
-        base = rng.randrange(20000, hi)
-        if any(base <= a < base + n for a in avoid):
+        base = rng.randint(*rng.choice(spans)) if spans else free_port()
+        if base + n > 65536 or any(base <= a < base + n for a in avoid):
             continue
         socks = []
         try:
@@ -66,7 +71,7 @@ def free_base(n: int, avoid: tuple[int, ...] = ()) -> int:
         finally:
             for s in socks:
                 s.close()
-    raise RuntimeError(f"no {n} consecutive free ports on loopback in 20000..{hi + n}")
+    raise RuntimeError(f"no {n} consecutive free ports on loopback outside the ephemeral range {low}-{high}")
 
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
