@@ -39,11 +39,10 @@ from tests.support.monitoring import (
     PROM_CONFIG,
     dashboard_exprs,
     east_west_topology,
-    free_base,
     promql_metrics_and_labels,
     require,
 )
-from tests.support.procs import REPO, _env, free_port, stop_gracefully
+from tests.support.procs import REPO, _env, free_base, free_port, stop_gracefully
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("matplotlib", reason="matplotlib is in the test extra (pip install -e '.[test]')")

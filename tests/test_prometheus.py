@@ -44,11 +44,10 @@ from tests.support.monitoring import (
     PROM_CONFIG,
     dashboard_exprs,
     east_west_topology,
-    free_base,
     promql_metrics_and_labels,
     require,
 )
-from tests.support.procs import REPO, _env, free_port, run_workers, stop_gracefully
+from tests.support.procs import REPO, _env, free_base, free_port, run_workers, stop_gracefully
 
 DATASOURCE = REPO / "launch/grafana/provisioning/datasources/geodml.yml"
 PROVIDER = REPO / "launch/grafana/provisioning/dashboards/geodml.yml"
@@ -202,11 +201,8 @@ def _start_collective(rank: int, world: int, bases: list[int]):
 
 @pytest.mark.integration
 def test_exporters_start_together_or_fail_together():
-    bases = [free_base(2)]
-    while len(bases) < 2:  # two disjoint ranges: phase 2 never meets phase 1's closed sockets
-        b = free_base(2)
-        if abs(b - bases[0]) >= 2:
-            bases.append(b)
+    base0 = free_base(2)
+    bases = [base0, free_base(2, avoid=(base0, base0 + 1))]  # disjoint: phase 2 never meets phase 1's closed sockets
     results = run_workers("tests.test_prometheus:_start_collective", 2, timeout_s=60, bases=bases)
     for ok, (status, msg) in results:
         assert ok == ("ok", [f"127.0.0.1:{bases[0]}", f"127.0.0.1:{bases[0] + 1}"], True)

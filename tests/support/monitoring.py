@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from tests.support.procs import REPO, free_base  # noqa: F401  (re-exported for the monitoring tests)
+from tests.support.procs import REPO
 
 DASHBOARD = REPO / "launch/grafana/provisioning/dashboards/geodml.json"
 PROM_CONFIG = REPO / "launch/prometheus/prometheus.yml"
