@@ -185,7 +185,8 @@ def live(tmp_path_factory):
             return sum(t["labels"].get("run") == RUN for t in doc["data"]["activeTargets"]) == RANKS
         _wait("Prometheus to discover the run's targets", 30, discovered, logs["prometheus"])
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={RANKS}", "--master_addr=127.0.0.1",
-               f"--master_port={free_port()}", "-m", "geodml", "--algo", "gaia", "--dataset", "digits",
+               f"--master_port={free_port(avoid=tuple(range(base, base + RANKS)))}", "-m", "geodml", "--algo", "gaia",
+               "--dataset", "digits",
                "--topology", str(tmp / "topology.toml"), "--steps", "60",
                "--eval-every", "10", "--log-every", "5", "--skewscout", "--travel-every", "20", "--wan", "real",
                "--metrics-port", str(base), "--metrics-linger", "5", "--out", str(out), "--no-progress"]

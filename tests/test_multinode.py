@@ -34,7 +34,7 @@ def _launch_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 
 def _run_two_nodes(tmp_path: Path, out: Path, metrics_ports: tuple[int, int], timeout_s: float = 240.0) -> list[str]:
-    port, rdzv_id = free_port(), f"test-{uuid.uuid4().hex[:8]}"
+    port, rdzv_id = free_port(avoid=tuple(p + i for p in metrics_ports for i in (0, 1))), f"test-{uuid.uuid4().hex[:8]}"
     procs, logs = [], []
     try:
         for node in (0, 1):

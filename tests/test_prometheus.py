@@ -497,7 +497,8 @@ def test_real_prometheus_scrapes_a_run_through_the_targets_file(tmp_path):
 
         base = free_base(3)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=3", "--master_addr=127.0.0.1",
-               f"--master_port={free_port()}", "-m", "geodml", "--algo", "gaia", "--dataset", "digits",
+               f"--master_port={free_port(avoid=tuple(range(base, base + 3)))}", "-m", "geodml", "--algo", "gaia",
+               "--dataset", "digits",
                "--partition", "label", "--model", "mlp", "--steps", "30", "--eval-every", "10", "--log-every", "5",
                "--skewscout", "--travel-every", "10", "--topology", str(tmp_path / "topo.toml"), "--out", str(out),
                "--no-progress", "--metrics-port", str(base), "--metrics-linger", "10"]

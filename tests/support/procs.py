@@ -29,7 +29,15 @@ class WorkerError(AssertionError):
     pass
 
 
-def free_port() -> int:
+def free_port(avoid: tuple[int, ...] = ()) -> int:
+    """One free port on loopback, not in ``avoid``, outside the ephemeral range (see ``free_base``):
+    the port a test hands to torchrun or gloo as MASTER_PORT, or to a server it starts, is bound
+    only later, by that process, and an outgoing connection must not take it in between."""
+    return free_base(1, avoid)
+
+
+def _kernel_port() -> int:
+    """A free port the kernel picks (inside the ephemeral range)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -56,7 +64,7 @@ def free_base(n: int, avoid: tuple[int, ...] = ()) -> int:
     spans = [(a, b) for a, b in ((20000, low - n), (high + 1, 65536 - n)) if a <= b]  # base in [a, b]
     rng = random.Random()
     for _ in range(200):
-        base = rng.randint(*rng.choice(spans)) if spans else free_port()
+        base = rng.randint(*rng.choice(spans)) if spans else _kernel_port()
         if base + n > 65536 or any(base <= a < base + n for a in avoid):
             continue
         socks = []
