@@ -52,6 +52,13 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
+def base_spans(n: int) -> list[tuple[int, int]]:
+    """The ranges [a, b] a base of ``n`` consecutive ports is drawn from: from 20000 up to the
+    ephemeral range, and above it; empty where that range leaves no room."""
+    low, high = _ephemeral_range()
+    return [(a, b) for a, b in ((20000, low - n), (high + 1, 65536 - n)) if a <= b]
+
+
 def free_base(n: int, avoid: tuple[int, ...] = ()) -> int:
     """A base port with ``n`` consecutive free ports on loopback, none of them in ``avoid``.
 
@@ -61,7 +68,7 @@ def free_base(n: int, avoid: tuple[int, ...] = ()) -> int:
     ... is not free"). Where the ephemeral range leaves no room (a host with 1024-65535), any
     base is drawn and that race remains."""
     low, high = _ephemeral_range()
-    spans = [(a, b) for a, b in ((20000, low - n), (high + 1, 65536 - n)) if a <= b]  # base in [a, b]
+    spans = base_spans(n)
     rng = random.Random()
     for _ in range(200):
         base = rng.randint(*rng.choice(spans)) if spans else _kernel_port()
