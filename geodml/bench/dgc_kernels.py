@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
+
+from geodml.bench.common import free_port
 
 STAT = {"median": statistics.median, "min": min}
 """How repeated timings are summarized: median (default) or min (the uncontended cost on a busy machine)."""
@@ -171,15 +172,9 @@ def _exchange_worker(entries: list[int], dense_numel: int, repeats: int) -> None
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_exchange(k: int, entries: list[int], dense_numel: int, repeats: int) -> int:
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={k}", "--master_addr=127.0.0.1",
-           f"--master_port={_free_port()}", "-m", "geodml.bench.dgc_kernels", "--exchange-worker",
+           f"--master_port={free_port()}", "-m", "geodml.bench.dgc_kernels", "--exchange-worker",
            "--entries", ",".join(map(str, entries)), "--dense", str(dense_numel), "--repeats", str(repeats)]
     return subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=900).returncode
 

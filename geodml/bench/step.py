@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -22,11 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from geodml.bench.common import free_port
 
 
 def run_steps(algo: str, k: int, steps: int, extra: list[str], workdir: Path, model: str, dataset: str) -> float:
@@ -34,7 +29,7 @@ def run_steps(algo: str, k: int, steps: int, extra: list[str], workdir: Path, mo
     out = workdir / f"{algo}-{len(list(workdir.iterdir()))}"
     log_every = 10
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={k}", "--master_addr=127.0.0.1",
-           f"--master_port={_free_port()}", "-m", "geodml", "--algo", algo, "--dataset", dataset, "--model", model,
+           f"--master_port={free_port()}", "-m", "geodml", "--algo", algo, "--dataset", dataset, "--model", model,
            "--wan", "off", "--no-progress", "--eval-every", str(10**9), "--log-every", str(log_every),
            "--steps", str(steps), "--out", str(out), *extra]
     env = dict(os.environ, OMP_NUM_THREADS="1")
