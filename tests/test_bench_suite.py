@@ -56,6 +56,15 @@ def test_federation_refuses_what_it_cannot_measure(capsys, monkeypatch):
     assert "leave out --vmap with --device cuda" in capsys.readouterr().err
 
 
+def test_step_refuses_too_few_steps_to_time(capsys):
+    """Checked before any run starts: 30 steps log at 10, 20 and 30, and the line at 30 holds the final
+    evaluation, so one timed window would be left (it divided by zero)."""
+    for argv in (["--steps", "30"], ["--k", "0"]):
+        assert bench_main(["step", *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("python -m geodml.bench step: error: --steps must be >= 40") == 1, argv
+
+
 def test_format_table_by_hand():
     out = format_table(["name", "ms", "n"], [["a", 1.23456, 1000], ["bb", 1234.5, 7]], title="T")
     assert out.splitlines() == [

@@ -23,14 +23,18 @@ from pathlib import Path
 
 from geodml.bench.common import free_port
 
+LOG_EVERY = 10
+MIN_STEPS = 4 * LOG_EVERY
+"""Log windows a timing needs: the first (warm-up, skipped), two to time between, and the last,
+whose line carries the final evaluation and is left out."""
+
 
 def run_steps(algo: str, k: int, steps: int, extra: list[str], workdir: Path, model: str, dataset: str) -> float:
     """Mean wall seconds per step of a K-process run (torchrun), excluding start-up and eval."""
     out = workdir / f"{algo}-{len(list(workdir.iterdir()))}"
-    log_every = 10
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={k}", "--master_addr=127.0.0.1",
            f"--master_port={free_port()}", "-m", "geodml", "--algo", algo, "--dataset", dataset, "--model", model,
-           "--wan", "off", "--no-progress", "--eval-every", str(10**9), "--log-every", str(log_every),
+           "--wan", "off", "--no-progress", "--eval-every", str(10**9), "--log-every", str(LOG_EVERY),
            "--steps", str(steps), "--out", str(out), *extra]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, timeout=900)
@@ -88,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dataset", default="digits")
     p.add_argument("extra", nargs="*", help="extra geodml flags after --, e.g. -- --t0 0.05")
     a = p.parse_args(argv)
+    if a.steps < MIN_STEPS or a.k < 1:
+        raise ValueError(f"--steps must be >= {MIN_STEPS} (log windows of {LOG_EVERY} steps: the warm-up, two timed, "
+                         f"and the last, which holds the final evaluation) and --k >= 1; got --steps {a.steps} --k {a.k}")
     from geodml.models import build_model, count_parameters
     numel = count_parameters(build_model(a.model, "none", (1, 8, 8), 10))
     with tempfile.TemporaryDirectory(prefix="geodml-bench-") as tmp:
