@@ -392,6 +392,23 @@ def test_estimates_count_the_final_per_partition_evaluations(tmp_path):
     assert train == pytest.approx(32_000 * 0.13) and evals == pytest.approx(run.eval_images / 10_000 * 11.3)
 
 
+def test_estimate_divides_by_the_cores_not_by_more_jobs_than_cores(tmp_path):
+    """Each run is one single-threaded process: three jobs on two cores take the core-hours / 2, not / 3."""
+    args = hsu.parse_2019(["--out", str(tmp_path / "s"), "--alphas", "1", "--fractions", "0.4", "--momentum-fractions",
+                           "0.4", "--lrs", "0.1", "--betas", "0.9", "--jobs", "3"])
+    runs = hsu.plan_2019_tuning(args)
+    assert len(runs) == 2  # FedAvg and FedAvgM at lr 0.1, seed 0
+    train, evals = hsu.core_seconds(args, runs)
+    # by hand: 2 runs x 32,000 client steps x 0.13 s, and the evaluations of the test above for each run
+    assert train == pytest.approx(2 * 32_000 * 0.13)
+    total_h = (train + evals) / 3600
+    assert f"~{total_h / 2:,.1f} h with --jobs 3 on this machine's 2 cores, if free" in hsu.estimate_text(args, runs, 2)
+    assert f"~{total_h / 3:,.1f} h with --jobs 3 on 3 of this machine's 16 cores, if free" in hsu.estimate_text(args, runs, 16)
+    one = hsu.parse_2019([*["--out", str(tmp_path / "t"), "--alphas", "1", "--lrs", "0.1"], "--jobs", "1"])
+    assert "with --jobs 1 on 1 of this machine's 2 cores, if free" in hsu.estimate_text(one, hsu.plan_2019_tuning(one), 2)
+    assert (f"{total_h / 2:,.1f}", f"{total_h / 3:,.1f}") == ("1.2", "0.8")  # the two differ as printed
+
+
 def set_wall(out: Path, run_id: str, wall) -> None:
     path = out / run_id / "summary.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "wall_seconds": wall}))

@@ -82,6 +82,7 @@ import argparse
 import csv
 import json
 import math
+import os
 import statistics
 import sys
 import types
@@ -392,14 +393,18 @@ def core_seconds(args: argparse.Namespace, runs: Sequence[Run]) -> tuple[float, 
     return train, evals
 
 
-def estimate_text(args: argparse.Namespace, runs: Sequence[Run]) -> str:
+def estimate_text(args: argparse.Namespace, runs: Sequence[Run], cores: int | None = None) -> str:
+    """The --dry-run / start-of-study estimate. Each run is one single-threaded process (OMP_NUM_THREADS=1), so the
+    wall time divides the core-hours by min(--jobs, cores): more jobs than this machine's cores run no faster."""
     train, evals = core_seconds(args, runs)
     total_h = (train + evals) / 3600
+    cores = cores or len(os.sched_getaffinity(0))
+    parallel = min(args.jobs, cores)
     return (f"{len(runs)} runs, {sum(r.client_steps for r in runs):,} client steps; estimated "
             f"{total_h:,.1f} core-hours ({train / 3600:,.1f} training, {evals / 3600:,.1f} evaluation) at "
             f"{STEP_S[args.model]} s per 64-example step and {EVAL_S[args.model]} s per 10,000 test images of {args.model} "
-            f"(measured on a loaded 2-core machine, docs/study.md): ~{total_h / args.jobs:,.1f} h with --jobs {args.jobs} "
-            f"on as many free cores")
+            f"(measured on a loaded 2-core machine, docs/study.md): ~{total_h / parallel:,.1f} h with --jobs {args.jobs} "
+            f"on {'' if parallel == cores else f'{parallel} of '}this machine's {cores} core{'s' if cores > 1 else ''}, if free")
 
 
 def _finished_wall_s(run: Run) -> float | None:
