@@ -612,3 +612,77 @@ def test_hsu2019_fedavg_only_plans_and_reports_figure_2_alone(tmp_path, capsys):
     assert "FedAvg C=0.2: 1 distinct best settings over 1 alphas: alpha 1: lr 0.2 (edge), margin 7.0 pp" in md
     assert (out / "fig2_fedavg.png").exists() and not (out / "fig5_fedavgm.png").exists()
     assert not (out / "fig6_sensitivity.png").exists()
+
+
+# ---- --only: a few runs of the plan, no report ----------------------------------------------------------------
+
+def test_hsu2019_only_runs_the_named_runs_and_no_report(tmp_path, capsys):
+    out = tmp_path / "s"
+    argv = [*ARGV19, "--out", str(out)]
+    launched = []
+
+    def launch(spec, stdout, stderr):
+        launched.append(spec.run_id)
+        fake_run(out, spec, TUNING[spec.run_id])
+        return _DoneProc()
+
+    picks = ["fedavgm-b0.9-lr0.2-a0-c0.05-s0", "fedavg-lr0.05-a100-c0.05-s0"]  # plan order: fedavg first
+    assert hsu.hsu2019([*argv, "--only", ",".join(picks)], launcher=launch) == 0
+    assert launched == picks[::-1]
+    assert not (out / "hsu2019.md").exists() and not (out / "hsu2019.json").exists()
+    assert "--only: 2 of the plan's 12 runs; no report written" in capsys.readouterr().out  # 8 tuning + 4 at seed 1
+    # a dry run with --only lists the two, both finished now
+    assert hsu.hsu2019([*argv, "--only", ",".join(picks), "--dry-run"], launcher=no_launch) == 0
+    assert "plan: 2 runs, 2 finished (reused), 0 running (another study process), 0 to run" in capsys.readouterr().out
+    # the other six tuning runs; then the whole command reuses all eight and runs only the four at seed 1
+    rest = [rid for rid in TUNING if rid not in picks]
+    assert hsu.hsu2019([*argv, "--only", ",".join(rest)], launcher=launch) == 0
+    assert sorted(launched) == sorted(TUNING)
+
+    def launch_confirm(spec, stdout, stderr):
+        launched.append(spec.run_id)
+        fake_run(out, spec, CONFIRM[spec.run_id])
+        return _DoneProc()
+
+    # the tuning has finished, so the runs at the chosen settings have ids: --only takes one of them
+    assert hsu.hsu2019([*argv, "--only", "fedavg-lr0.05-a0-c0.05-s1"], launcher=launch_confirm) == 0
+    assert launched[-1] == "fedavg-lr0.05-a0-c0.05-s1" and len(launched) == 9
+    capsys.readouterr()
+    assert hsu.hsu2019(argv, launcher=launch_confirm) == 0
+    assert sorted(launched[9:]) == sorted(set(CONFIRM) - {"fedavg-lr0.05-a0-c0.05-s1"})
+    assert capsys.readouterr().out.count("] reused ") == 9 and (out / "hsu2019.md").exists()
+
+
+def test_hsu2019_only_refuses_ids_not_in_the_plan_before_anything_runs(tmp_path, capsys):
+    argv = [*ARGV19, "--out", str(tmp_path / "s")]
+    assert hsu.hsu2019([*argv, "--only", "fedavg-lr0.05-a100-c0.05-s0,bogus"], launcher=no_launch) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("geodml.study hsu2019: error: --only: not in this plan: bogus (")
+    # a run at the chosen settings has no id until every tuning run has finished
+    assert hsu.hsu2019([*argv, "--only", "fedavg-lr0.05-a0-c0.05-s1"], launcher=no_launch) == 2
+    assert ("not in this plan: fedavg-lr0.05-a0-c0.05-s1 (--dry-run lists its 8 run ids; the 4 runs at the chosen "
+            "settings are planned once every tuning run has finished)") in capsys.readouterr().err
+    for bad in ("a,a", ",", ""):
+        assert hsu.hsu2019([*argv, "--only", bad], launcher=no_launch) == 2
+        assert capsys.readouterr().err == (f"geodml.study hsu2019: error: argument --only: expected distinct "
+                                           f"comma-separated run ids such as fedavg-lr0.1-a0-c0.05-s0,"
+                                           f"fedavg-lr0.1-a0-c0.05-s1, got {bad!r}\n")
+    assert not (tmp_path / "s").exists()
+
+
+def test_hsu2020_only_runs_the_named_run(tmp_path, capsys):
+    out = tmp_path / "s"
+    argv = ["--budget", "quick", "--parts", "fedir", "--out", str(out)]
+    runs = hsu.plan_2020(hsu.parse_2020(argv), {})
+    launched = []
+
+    def launch(spec, stdout, stderr):
+        launched.append(spec.run_id)
+        fake_run(out, spec, 0.5)
+        return _DoneProc()
+
+    assert hsu.hsu2020([*argv, "--only", runs[-1].run_id], launcher=launch) == 0
+    assert launched == [runs[-1].run_id] and not (out / "hsu2020.md").exists()
+    assert f"--only: 1 of the plan's {len(runs)} runs; no report written" in capsys.readouterr().out
+    assert hsu.hsu2020([*argv, "--only", "nope"], launcher=no_launch) == 2
+    assert "geodml.study hsu2020: error: --only: not in this plan: nope" in capsys.readouterr().err

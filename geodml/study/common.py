@@ -110,6 +110,40 @@ def add_dry_run(p: argparse.ArgumentParser) -> None:
                    "are finished and would be reused) after the arguments are checked; launch nothing")
 
 
+def run_id_list(text: str) -> tuple[str, ...]:
+    """argparse type of ``--only ID,ID``: distinct, non-empty run ids (as ``--dry-run`` lists them)."""
+    ids = tuple(x for x in text.replace(" ", "").split(",") if x)
+    if not ids or len(set(ids)) != len(ids):
+        raise argparse.ArgumentTypeError(f"expected distinct comma-separated run ids such as "
+                                         f"fedavg-lr0.1-a0-c0.05-s0,fedavg-lr0.1-a0-c0.05-s1, got {text!r}")
+    return ids
+
+
+def add_only(p: argparse.ArgumentParser) -> None:
+    """A study's ``--only`` (select_only)."""
+    p.add_argument("--only", type=run_id_list, metavar="RUN_ID[,RUN_ID...]",
+                   help="run (or reuse) only these runs of the plan, ids as --dry-run lists them: to fill a failed run, "
+                        "or to add a few runs at a time on a busy machine; the report is not written (run the same "
+                        "command without --only once the plan is finished: it reuses them)")
+
+
+def select_only(specs: Sequence[RunSpec], only: Sequence[str], *, later_note: str = "") -> list[RunSpec]:
+    """The specs whose run ids are in ``only``, in plan order; StudyError naming every id the plan lacks
+    (``later_note``: why some runs are not planned yet, appended to that error)."""
+    known = {s.run_id for s in specs}
+    missing = [x for x in only if x not in known]
+    if missing:
+        raise StudyError(f"--only: not in this plan: {', '.join(missing)} (--dry-run lists its {len(specs)} run ids"
+                         f"{'; ' + later_note if later_note else ''})")
+    return [s for s in specs if s.run_id in set(only)]
+
+
+def only_text(selected: int, total: int) -> str:
+    """The line a study prints after an ``--only`` call instead of writing its report."""
+    return (f"--only: {selected} of the plan's {total} runs; no report written (run the same command without --only "
+            f"once the plan is finished: it reuses every finished run)")
+
+
 def print_plan(specs: Sequence[RunSpec]) -> None:
     """``--dry-run``'s listing: the run count, how many are finished (summary.json: reused, not run again) or
     running (another study process on this directory holds the run's lock), and each run's state, id and flags."""

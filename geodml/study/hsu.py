@@ -271,6 +271,7 @@ def _base_parser(name: str, description: str) -> _Parser:
     p.add_argument("--out", help=f"study directory (default runs/study-{name}-DATASET-BUDGET)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs")
     common.add_dry_run(p)
+    common.add_only(p)
     p.add_argument("--keep-partition-models", action="store_true",
                    help="keep every run's rank*/model.pt (up to one per partition, 5.5 MB each for cifar-cnn); by default "
                         "they are deleted when a run ends (the reports read summary.json and metrics.jsonl)")
@@ -455,6 +456,19 @@ def execute(args: argparse.Namespace, runs: list[Run], launcher: Launcher) -> li
     return run_all([r.spec for r in runs], jobs=args.jobs, timeout_s=args.run_timeout, launcher=launcher,
                    processes=args.processes, log=lambda m: print(m, flush=True),
                    on_result=None if args.keep_partition_models else prune_partition_models)
+
+
+def run_only(args: argparse.Namespace, runs: list[Run], total: int, launcher: Launcher) -> int:
+    """``--only``: the selected runs (listed with --dry-run, else run or reused), and no report. 0: each succeeded."""
+    if args.dry_run:
+        common.print_plan([r.spec for r in runs])
+        return 0
+    results = execute(args, runs, launcher)
+    failed = [r.spec.run_id for r in results if not r.succeeded]
+    print(common.only_text(len(runs), total), flush=True)
+    if failed:
+        print(f"{len(failed)} run(s) failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 # ---- results -------------------------------------------------------------------------------------------
@@ -1060,6 +1074,16 @@ def hsu2019(argv: list[str] | None = None, *, launcher: Launcher = torchrun_laun
     print("estimate: " + estimate_text(args, [*tuning, *later]), flush=True)
     if pace := pace_text(args, [*tuning, *later]):
         print("pace: " + pace, flush=True)
+    if args.only:
+        tuned = not later or all(s is not None for s in summaries)  # else `later` holds placeholders, not run ids
+        pool = [*tuning, *later] if tuned else tuning
+        try:
+            picked = common.select_only([r.spec for r in pool], args.only, later_note="" if tuned else (
+                f"the {len(later)} runs at the chosen settings are planned once every tuning run has finished"))
+        except StudyError as exc:
+            print(f"geodml.study hsu2019: error: {exc}", file=sys.stderr)
+            return 2
+        return run_only(args, [r for r in pool if r.spec in picked], len(tuning) + len(later), launcher)
     if args.dry_run:
         common.print_plan([r.spec for r in tuning])
         return 0
@@ -1596,6 +1620,13 @@ def hsu2020(argv: list[str] | None = None, *, launcher: Launcher = torchrun_laun
     print("estimate: " + estimate_text(args, runs), flush=True)
     if pace := pace_text(args, runs):
         print("pace: " + pace, flush=True)
+    if args.only:
+        try:
+            picked = common.select_only([r.spec for r in runs], args.only)
+        except StudyError as exc:
+            print(f"geodml.study hsu2020: error: {exc}", file=sys.stderr)
+            return 2
+        return run_only(args, [r for r in runs if r.spec in picked], len(runs), launcher)
     if args.dry_run:
         common.print_plan([r.spec for r in runs])
         return 0
