@@ -394,12 +394,20 @@ def core_seconds(args: argparse.Namespace, runs: Sequence[Run]) -> tuple[float, 
     return train, evals
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS has one, as on Linux; else all)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
 def estimate_text(args: argparse.Namespace, runs: Sequence[Run], cores: int | None = None) -> str:
     """The --dry-run / start-of-study estimate. Each run is one single-threaded process (OMP_NUM_THREADS=1), so the
     wall time divides the core-hours by min(--jobs, cores): more jobs than this machine's cores run no faster."""
     train, evals = core_seconds(args, runs)
     total_h = (train + evals) / 3600
-    cores = cores or len(os.sched_getaffinity(0))
+    cores = cores or usable_cores()
     parallel = min(args.jobs, cores)
     return (f"{len(runs)} runs, {sum(r.client_steps for r in runs):,} client steps; estimated "
             f"{total_h:,.1f} core-hours ({train / 3600:,.1f} training, {evals / 3600:,.1f} evaluation) at "
