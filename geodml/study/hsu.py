@@ -466,14 +466,22 @@ def execute(args: argparse.Namespace, runs: list[Run], launcher: Launcher) -> li
                    on_result=None if args.keep_partition_models else prune_partition_models)
 
 
-def run_only(args: argparse.Namespace, runs: list[Run], total: int, launcher: Launcher) -> int:
-    """``--only``: the selected runs (listed with --dry-run, else run or reused), and no report. 0: each succeeded."""
+def run_only(name: str, args: argparse.Namespace, pool: list[Run], total: int, launcher: Launcher, *,
+             later_note: str = "") -> int:
+    """``--only``: the runs of ``pool`` it names (listed with --dry-run, else run or reused) out of the plan's
+    ``total``, and no report. 0: each succeeded; 1: some failed; 2: an id ``pool`` lacks (nothing launched)."""
+    try:
+        runs = common.select_only(pool, args.only, later_note=later_note)
+    except StudyError as exc:
+        print(f"geodml.study {name}: error: {exc}", file=sys.stderr)
+        return 2
     if args.dry_run:
         common.print_plan([r.spec for r in runs])
         return 0
     results = execute(args, runs, launcher)
     failed = [r.spec.run_id for r in results if not r.succeeded]
-    print(common.only_text(len(runs), total), flush=True)
+    print(f"--only: {len(runs)} of the plan's {total} runs; no report written (run the same command without --only "
+          f"once the plan is finished: it reuses every finished run)", flush=True)
     if failed:
         print(f"{len(failed)} run(s) failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
@@ -1074,7 +1082,8 @@ def hsu2019(argv: list[str] | None = None, *, launcher: Launcher = torchrun_laun
     grids = cells_2019(args)
     later = plan_2019_confirm(args, {key: grid[0] for key, grid in grids.items()})  # the count and cost, whichever setting wins
     summaries = [read_summary(r.spec.out) for r in tuning] if later else []
-    if later and all(s is not None for s in summaries):  # the tuning has finished: plan the real confirmation runs
+    tuned = all(s is not None for s in summaries)  # else `later` holds placeholders, not the real run ids
+    if later and tuned:  # the tuning has finished: plan the real confirmation runs
         done = [RunResult(r.spec, "reused", summary=s, returncode=0) for r, s in zip(tuning, summaries)]
         later = plan_2019_confirm(args, choose_2019(args, outcomes(tuning, done)))
     print(f"hsu2019 study: {len(tuning)} tuning runs ({len(grids)} cells x their grids x {args.tune_seeds} seed(s)), then "
@@ -1083,15 +1092,9 @@ def hsu2019(argv: list[str] | None = None, *, launcher: Launcher = torchrun_laun
     if pace := pace_text(args, [*tuning, *later]):
         print("pace: " + pace, flush=True)
     if args.only:
-        tuned = not later or all(s is not None for s in summaries)  # else `later` holds placeholders, not run ids
-        pool = [*tuning, *later] if tuned else tuning
-        try:
-            picked = common.select_only([r.spec for r in pool], args.only, later_note="" if tuned else (
-                f"the {len(later)} runs at the chosen settings are planned once every tuning run has finished"))
-        except StudyError as exc:
-            print(f"geodml.study hsu2019: error: {exc}", file=sys.stderr)
-            return 2
-        return run_only(args, [r for r in pool if r.spec in picked], len(tuning) + len(later), launcher)
+        return run_only("hsu2019", args, [*tuning, *later] if tuned else tuning, len(tuning) + len(later), launcher,
+                        later_note="" if tuned else f"the {len(later)} runs at the chosen settings are planned once "
+                                                    "every tuning run has finished")
     if args.dry_run:
         common.print_plan([r.spec for r in tuning])
         return 0
@@ -1629,12 +1632,7 @@ def hsu2020(argv: list[str] | None = None, *, launcher: Launcher = torchrun_laun
     if pace := pace_text(args, runs):
         print("pace: " + pace, flush=True)
     if args.only:
-        try:
-            picked = common.select_only([r.spec for r in runs], args.only)
-        except StudyError as exc:
-            print(f"geodml.study hsu2020: error: {exc}", file=sys.stderr)
-            return 2
-        return run_only(args, [r for r in runs if r.spec in picked], len(runs), launcher)
+        return run_only("hsu2020", args, runs, len(runs), launcher)
     if args.dry_run:
         common.print_plan([r.spec for r in runs])
         return 0
