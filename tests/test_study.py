@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from geodml.study import STUDIES, paper, runner, skewscout
+from tests.support.procs import DoneProc
 
 
 def no_launch(spec, stdout, stderr):
@@ -463,6 +464,36 @@ def test_dry_run_prints_the_plan_and_launches_nothing(name, tmp_path, capsys):
     assert head[0].startswith(f"plan: {len(runs)} runs, 0 finished (reused), 0 running (another study process), "
                               f"{len(runs)} to run;"), head[0]
     assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("name", sorted(STUDIES))
+def test_only_runs_the_named_run_and_writes_no_report(name, tmp_path, capsys):
+    """Every study takes --only: the named run of the plan (ids as --dry-run lists them) runs, nothing else launches
+    and no report is written; an id the plan lacks is one error line and exit 2, with nothing launched or written."""
+    module, func = STUDIES[name].split(":")
+    main = getattr(importlib.import_module(module), func)
+    out = tmp_path / "s"
+    argv = [*([] if name == "oracle" else ["--budget", "quick"]), "--out", str(out)]
+    assert main([*argv, "--dry-run"], launcher=no_launch) == 0
+    ids = [x.split()[2].rstrip(":") for x in capsys.readouterr().out.splitlines() if x.startswith("  to run ")]
+    pick = ids[-1]
+    assert main([*argv, "--only", f"{pick},bogus"], launcher=no_launch) == 2
+    assert capsys.readouterr().err == (f"geodml.study {name}: error: --only: not in this plan: bogus (--dry-run lists "
+                                       f"its {len(ids)} run ids)\n")
+    assert not out.exists()
+    launched = []
+
+    def launch(spec, stdout, stderr):
+        launched.append(spec.run_id)
+        (spec.out / "summary.json").write_text(json.dumps({"final_val_accuracy": 0.5}))
+        return DoneProc()
+
+    assert main([*argv, "--only", pick], launcher=launch) == 0
+    assert launched == [pick]
+    assert f"--only: 1 of the plan's {len(ids)} runs; no report written" in capsys.readouterr().out
+    assert [p.name for p in out.iterdir() if not p.name.startswith(".")] == [pick]  # the run's directory, no report
+    assert main([*argv, "--only", pick, "--dry-run"], launcher=no_launch) == 0  # finished now: listed, reused
+    assert "plan: 1 runs, 1 finished (reused), 0 running (another study process), 0 to run" in capsys.readouterr().out
 
 
 def test_dry_run_marks_finished_and_running_runs(tmp_path, capsys):

@@ -14,6 +14,7 @@ import pytest
 
 from geodml.study import STUDIES, hsu, runner
 from geodml.study.__main__ import main as study_main
+from tests.support.procs import DoneProc
 
 
 def no_launch(spec, stdout, stderr):
@@ -340,19 +341,6 @@ def test_registered_with_help(capsys):
         assert all(f in text for f in ("--budget", "--seeds", "--jobs", "--processes", "--out", *flags))
 
 
-class _DoneProc:
-    """A child that has already exited 0 (the runner polls it); no OS process."""
-
-    pid = 0
-    returncode = 0
-
-    def poll(self):
-        return 0
-
-    def wait(self, timeout=None):
-        return 0
-
-
 def test_partition_models_pruned_as_runs_end(tmp_path):
     spec = runner.RunSpec("r", tmp_path / "r", ("--algo", "fedavg"), 2)
 
@@ -363,7 +351,7 @@ def test_partition_models_pruned_as_runs_end(tmp_path):
             (s.out / f"rank{k}" / "startup.json").write_text("{}")
         (s.out / "model.pt").write_bytes(b"global")
         (s.out / "summary.json").write_text(json.dumps({"final_val_accuracy": 0.5}))
-        return _DoneProc()
+        return DoneProc()
 
     seen = []
     res = runner.run_all([spec], launcher=launch, log=lambda m: None, poll_s=0.0,
@@ -628,7 +616,7 @@ def test_hsu2019_only_runs_the_named_runs_and_no_report(tmp_path, capsys):
     def launch(spec, stdout, stderr):
         launched.append(spec.run_id)
         fake_run(out, spec, TUNING[spec.run_id])
-        return _DoneProc()
+        return DoneProc()
 
     picks = ["fedavgm-b0.9-lr0.2-a0-c0.05-s0", "fedavg-lr0.05-a100-c0.05-s0"]  # plan order: fedavg first
     assert hsu.hsu2019([*argv, "--only", ",".join(picks)], launcher=launch) == 0
@@ -646,7 +634,7 @@ def test_hsu2019_only_runs_the_named_runs_and_no_report(tmp_path, capsys):
     def launch_confirm(spec, stdout, stderr):
         launched.append(spec.run_id)
         fake_run(out, spec, CONFIRM[spec.run_id])
-        return _DoneProc()
+        return DoneProc()
 
     # the tuning has finished, so the runs at the chosen settings have ids: --only takes one of them
     assert hsu.hsu2019([*argv, "--only", "fedavg-lr0.05-a0-c0.05-s1"], launcher=launch_confirm) == 0
@@ -683,7 +671,7 @@ def test_hsu2020_only_runs_the_named_run(tmp_path, capsys):
     def launch(spec, stdout, stderr):
         launched.append(spec.run_id)
         fake_run(out, spec, 0.5)
-        return _DoneProc()
+        return DoneProc()
 
     assert hsu.hsu2020([*argv, "--only", runs[-1].run_id], launcher=launch) == 0
     assert launched == [runs[-1].run_id] and not (out / "hsu2020.md").exists()

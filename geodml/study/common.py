@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, NoReturn, Protocol, Sequence, TypeVar
 
 from geodml.config import DATASETS
-from geodml.study.runner import RunSpec
+from geodml.study.runner import Launcher, RunResult, RunSpec, is_running, read_summary, run_all
 
 ROC_CACHE = "study_roc_auc.json"
 TRAIN_SIZES = {"digits": 1438, "fashion-mnist": 60000, "mnist": 60000, "cifar10": 50000}
@@ -101,6 +101,7 @@ def make_parser(name: str, description: str, epilog: str) -> OneLineParser:
     p.add_argument("--run-timeout", type=float, default=4 * 3600.0, help="seconds before a run is killed and reported")
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs")
     add_dry_run(p)
+    add_only(p)
     return p
 
 
@@ -150,7 +151,6 @@ def select_only(items: Sequence[_R], only: Sequence[str], *, later_note: str = "
 def print_plan(specs: Sequence[RunSpec]) -> None:
     """``--dry-run``'s listing: the run count, how many are finished (summary.json: reused, not run again) or
     running (another study process on this directory holds the run's lock), and each run's state, id and flags."""
-    from geodml.study.runner import is_running, read_summary
     states = ["finished" if read_summary(s.out) is not None else "running" if is_running(s) else "to run" for s in specs]
     print(f"plan: {len(specs)} runs, {states.count('finished')} finished (reused), {states.count('running')} running "
           f"(another study process), {states.count('to run')} to run; nothing launched (--dry-run)", flush=True)
@@ -212,18 +212,45 @@ def validate_specs(specs: Sequence[RunSpec]) -> None:
             raise StudyError(f"run {spec.run_id}: {exc}") from None
 
 
-def run_and_report(args: argparse.Namespace, specs: Sequence[RunSpec], launcher: Any,
+def run_specs(args: argparse.Namespace, specs: Sequence[RunSpec], launcher: Launcher, *,
+              on_result: Callable[[RunResult], None] | None = None) -> list[RunResult]:
+    """Run (or reuse) ``specs`` at the study's ``--jobs``, ``--run-timeout`` and ``--processes``, logging to stdout."""
+    return run_all(list(specs), jobs=args.jobs, timeout_s=args.run_timeout, launcher=launcher,
+                   processes=args.processes, log=lambda m: print(m, flush=True), on_result=on_result)
+
+
+def run_only(name: str, args: argparse.Namespace, specs: Sequence[RunSpec], total: int, launcher: Launcher, *,
+             later_note: str = "", on_result: Callable[[RunResult], None] | None = None) -> int:
+    """``--only``: the runs of ``specs`` it names (listed with --dry-run, else run or reused) out of the plan's
+    ``total``, and no report. 0: each succeeded; 1: some failed; 2: an id ``specs`` lacks (one error line, nothing
+    launched)."""
+    try:
+        chosen = select_only(specs, args.only, later_note=later_note)
+    except StudyError as exc:
+        print(f"geodml.study {name}: error: {exc}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print_plan(chosen)
+        return 0
+    failed = [r.spec.run_id for r in run_specs(args, chosen, launcher, on_result=on_result) if not r.succeeded]
+    print(f"--only: {len(chosen)} of the plan's {total} runs; no report written (run the same command without --only "
+          f"once the plan is finished: it reuses every finished run)", flush=True)
+    if failed:
+        print(f"{len(failed)} run(s) failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def run_and_report(name: str, args: argparse.Namespace, specs: Sequence[RunSpec], launcher: Launcher,
                    report: Callable[[list], dict], write: Callable[..., tuple[str, list[Path]]]) -> int:
-    """The end of a study's main: run ``specs`` (``--jobs``, ``--run-timeout``, ``--processes``),
-    build the report from the results, write it (``write(report, out, plots=...)``), print it and
-    the failed runs. 0: every run succeeded; 1: some failed (reported). ``--dry-run``: print_plan, 0."""
-    from geodml.study.runner import run_all
+    """The end of a study's main: run ``specs`` (run_specs), build the report from the results, write it
+    (``write(report, out, plots=...)``), print it and the failed runs. 0: every run succeeded; 1: some failed
+    (reported). ``--dry-run``: print_plan, 0. ``--only``: run_only (no report)."""
+    if args.only:
+        return run_only(name, args, specs, len(specs), launcher)
     if args.dry_run:
         print_plan(specs)
         return 0
-    results = run_all(list(specs), jobs=args.jobs, timeout_s=args.run_timeout, launcher=launcher,
-                      processes=args.processes, log=lambda m: print(m, flush=True))
-    rep = report(results)
+    rep = report(run_specs(args, specs, launcher))
     text, paths = write(rep, Path(args.out), plots=not args.no_plots)
     print("\n" + text + "\nwritten: " + ", ".join(str(p) for p in paths), flush=True)
     if rep["failed"]:

@@ -96,7 +96,7 @@ import numpy as np
 from geodml.config import DATASETS
 from geodml.study import common
 from geodml.study.common import StudyError, final_rounds, fmt, matplotlib_pyplot, mean_sd, seed_list
-from geodml.study.runner import Launcher, RunResult, RunSpec, finite_floats, read_summary, run_all, torchrun_launcher
+from geodml.study.runner import Launcher, RunResult, RunSpec, finite_floats, read_summary, torchrun_launcher
 
 # ---- the papers' settings and numbers (quoted from the papers' text, with where) ----------------------
 
@@ -461,30 +461,18 @@ def prune_partition_models(result: RunResult) -> None:
 
 
 def execute(args: argparse.Namespace, runs: list[Run], launcher: Launcher) -> list[RunResult]:
-    return run_all([r.spec for r in runs], jobs=args.jobs, timeout_s=args.run_timeout, launcher=launcher,
-                   processes=args.processes, log=lambda m: print(m, flush=True),
-                   on_result=None if args.keep_partition_models else prune_partition_models)
+    return common.run_specs(args, [r.spec for r in runs], launcher, on_result=on_result(args))
+
+
+def on_result(args: argparse.Namespace) -> Callable[[RunResult], None] | None:
+    """What each run's end triggers: deleting its partition models unless --keep-partition-models."""
+    return None if args.keep_partition_models else prune_partition_models
 
 
 def run_only(name: str, args: argparse.Namespace, pool: list[Run], total: int, launcher: Launcher, *,
              later_note: str = "") -> int:
-    """``--only``: the runs of ``pool`` it names (listed with --dry-run, else run or reused) out of the plan's
-    ``total``, and no report. 0: each succeeded; 1: some failed; 2: an id ``pool`` lacks (nothing launched)."""
-    try:
-        runs = common.select_only(pool, args.only, later_note=later_note)
-    except StudyError as exc:
-        print(f"geodml.study {name}: error: {exc}", file=sys.stderr)
-        return 2
-    if args.dry_run:
-        common.print_plan([r.spec for r in runs])
-        return 0
-    results = execute(args, runs, launcher)
-    failed = [r.spec.run_id for r in results if not r.succeeded]
-    print(f"--only: {len(runs)} of the plan's {total} runs; no report written (run the same command without --only "
-          f"once the plan is finished: it reuses every finished run)", flush=True)
-    if failed:
-        print(f"{len(failed)} run(s) failed: {', '.join(failed)}", file=sys.stderr)
-    return 1 if failed else 0
+    return common.run_only(name, args, [r.spec for r in pool], total, launcher, later_note=later_note,
+                           on_result=on_result(args))
 
 
 # ---- results -------------------------------------------------------------------------------------------

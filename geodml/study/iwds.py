@@ -523,5 +523,5 @@ def main(argv: list[str] | None = None, *, launcher: Launcher = torchrun_launche
         return 2
     print(f"{NAME} study ({PAPER_REF}): {len(runs)} runs on {args.dataset}, {CLIENTS} clients, {args.rounds} rounds of "
           f"{args.local_steps} local steps, seeds {','.join(map(str, args.seeds))}, into {args.out}", flush=True)
-    return common.run_and_report(args, [r.spec for r in runs], launcher,
+    return common.run_and_report(NAME, args, [r.spec for r in runs], launcher,
                                  lambda results: build_report(args, runs, results), write_outputs)

@@ -45,7 +45,7 @@ from pathlib import Path
 from geodml.config import DATASETS, KNOB_ALGOS, DataConfig
 from geodml.study import common
 from geodml.study.common import StudyError, run_accuracy
-from geodml.study.runner import Launcher, RunResult, RunSpec, finite_floats, run_all, torchrun_launcher
+from geodml.study.runner import Launcher, RunResult, RunSpec, finite_floats, torchrun_launcher
 
 THETA_FLAGS = {"t0": "--t0", "iter_local": "--iter-local", "e_warm": "--e-warm"}
 ALGO_LABEL = {"gaia": "Gaia", "fedavg": "FedAvg", "dgc": "DGC"}
@@ -196,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=1, help="runs at a time")
     p.add_argument("--run-timeout", type=float, default=1800.0, help="seconds before a run is killed and reported")
     common.add_dry_run(p)
+    common.add_only(p)
     return p
 
 
@@ -380,13 +381,13 @@ def main(argv: list[str] | None = None, *, launcher: Launcher = torchrun_launche
         return 2
     print(f"oracle study: {len(runs)} runs of {args.algo} ({theta_name} in {', '.join(map(format_theta, grid))}) "
           f"on {args.dataset}, {setting_name(args)}, K={args.nproc}, into {args.out}", flush=True)
+    specs = [p.spec for p in runs]
+    if args.only:
+        return common.run_only("oracle", args, specs, len(specs), launcher)
     if args.dry_run:
-        common.print_plan([p.spec for p in runs])
+        common.print_plan(specs)
         return 0
-    results = run_all([p.spec for p in runs], jobs=args.jobs, timeout_s=args.run_timeout, launcher=launcher,
-                      processes=args.processes,
-                      log=lambda m: print(m, flush=True))
-    report = build_report(args, theta_name, grid, runs, results)
+    report = build_report(args, theta_name, grid, runs, common.run_specs(args, specs, launcher))
     print("\n" + write_outputs(report, Path(args.out)) + f"\nwritten: {Path(args.out) / 'oracle.json'}, "
           f"{Path(args.out) / 'oracle.md'}", flush=True)
     return 1 if report["failed"] else 0

@@ -72,7 +72,7 @@ from pathlib import Path
 from geodml.config import DATASETS, PROTOTXT_MODELS
 from geodml.study import common
 from geodml.study.common import StudyError, fmt, mean_sd, run_accuracy, seed_list
-from geodml.study.runner import Launcher, RunResult, RunSpec, run_all, torchrun_launcher
+from geodml.study.runner import Launcher, RunResult, RunSpec, torchrun_launcher
 
 PAPER_EPOCHS = 128
 PAPER_LR = 0.002
@@ -764,6 +764,7 @@ def build_parser(name: str) -> argparse.ArgumentParser:
     p.add_argument("--run-timeout", type=float, default=3600.0, help="seconds before a run is killed and reported")
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs")
     common.add_dry_run(p)
+    common.add_only(p)
     if name == "skewscout":
         from geodml.study.skewscout import add_arguments
         add_arguments(p)
@@ -816,13 +817,13 @@ def main_for(name: str, argv: list[str] | None = None, *, launcher: Launcher = t
         return 2
     print(f"{name} study ({PAPER_REF[name]}): {len(cells)} runs on {args.dataset}, K={args.nproc}, budget {budget.name}, "
           f"into {args.out}", flush=True)
+    specs = [c.spec for c in cells]
+    if args.only:
+        return common.run_only(name, args, specs, len(specs), launcher)
     if args.dry_run:
-        common.print_plan([c.spec for c in cells])
+        common.print_plan(specs)
         return 0
-    results = run_all([c.spec for c in cells], jobs=args.jobs, timeout_s=args.run_timeout, launcher=launcher,
-                      processes=args.processes,
-                      log=lambda m: print(m, flush=True))
-    report = build_report(args, budget, cells, results)
+    report = build_report(args, budget, cells, common.run_specs(args, specs, launcher))
     text, paths = write_outputs(report, Path(args.out), plots=not args.no_plots)
     print("\n" + text + "\nwritten: " + ", ".join(str(p) for p in paths), flush=True)
     if report["failed"]:

@@ -96,6 +96,7 @@ def build_parser() -> common.OneLineParser:
     p.add_argument("--run-timeout", type=float, default=24 * 3600.0, help="seconds before a run is killed and reported")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG")
     common.add_dry_run(p)
+    common.add_only(p)
     return p
 
 
@@ -311,5 +312,5 @@ def main(argv: list[str] | None = None, *, launcher: Launcher = torchrun_launche
     print(f"{NAME} study: BSP-IID, {paper.model_label(args.model, args.norm)} on {args.dataset}, K={args.nproc}, budgets "
           f"{','.join(map(str, args.epochs_grid))} epochs, seeds {','.join(map(str, args.seeds))}: {len(runs)} runs into "
           f"{args.out}", flush=True)
-    return common.run_and_report(args, [r.spec for r in runs], launcher,
+    return common.run_and_report(NAME, args, [r.spec for r in runs], launcher,
                                  lambda results: build_report(args, runs, results), write_outputs)

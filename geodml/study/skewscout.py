@@ -63,7 +63,7 @@ from pathlib import Path
 
 from geodml.study import common, paper
 from geodml.study.common import run_accuracy
-from geodml.study.runner import Launcher, RunResult, RunSpec, finite_floats, run_all, torchrun_launcher
+from geodml.study.runner import Launcher, RunResult, RunSpec, finite_floats, torchrun_launcher
 
 PAPER_DECISIONS = 128
 """The paper's decisions per run: 64,000 steps (128 epochs, batch 20, K=5) / one every 500 minibatches."""
@@ -425,13 +425,13 @@ def main(argv: list[str] | None = None, *, launcher: Launcher = torchrun_launche
         return 2
     print(f"skewscout study (Quagmire Figure 8): {len(runs)} runs on {args.dataset}, K={args.nproc}, budget "
           f"{budget.name}, seeds {','.join(map(str, args.seeds))}, into {args.out}", flush=True)
+    specs = [r.spec for r in runs]
+    if args.only:
+        return common.run_only("skewscout", args, specs, len(specs), launcher)
     if args.dry_run:
-        common.print_plan([r.spec for r in runs])
+        common.print_plan(specs)
         return 0
-    results = run_all([r.spec for r in runs], jobs=args.jobs, timeout_s=args.run_timeout, launcher=launcher,
-                      processes=args.processes,
-                      log=lambda m: print(m, flush=True))
-    report = build_report(args, budget, runs, results)
+    report = build_report(args, budget, runs, common.run_specs(args, specs, launcher))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     text = format_markdown(report)

@@ -450,5 +450,5 @@ def main(argv: list[str] | None = None, *, launcher: Launcher = torchrun_launche
     print(f"{NAME} study ({PAPER_REF}): {len(runs)} runs on {args.dataset}, {args.clients} clients (m = "
           f"{participants(args)} per round), {args.rounds} rounds, seeds {','.join(map(str, args.seeds))}, into {args.out}",
           flush=True)
-    return common.run_and_report(args, [r.spec for r in runs], launcher,
+    return common.run_and_report(NAME, args, [r.spec for r in runs], launcher,
                                  lambda results: build_report(args, runs, results, loader=loader), write_outputs)

@@ -192,3 +192,17 @@ def run_command(cmd: list[str], *, timeout_s: float, env: dict[str, str] | None 
     finally:
         _kill([p])
     return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+
+class DoneProc:
+    """A launched child that has already exited 0, for a study runner's fake launcher: the runner polls it; no OS
+    process."""
+
+    pid = 0
+    returncode = 0
+
+    def poll(self):
+        return 0
+
+    def wait(self, timeout=None):
+        return 0
