@@ -531,7 +531,7 @@ class Pool:
         """Each hosted partition's final model on the test set (or the rows ``--partition-eval-examples``
         picks; once per distinct model) and on
         its own training data, as the threads engine's partitions evaluate them: on up to
-        ``os.cpu_count()`` threads at once (geodml.trainer's evaluation slots), each with a model of
+        ``geodml.cores.usable_cores()`` threads at once (geodml.trainer's evaluation slots), each with a model of
         its own into which a partition's state is loaded. The same weights give the same bits
         on any thread."""
         import queue

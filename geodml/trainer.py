@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +31,7 @@ from torch import nn
 from geodml.algorithms.base import Algorithm, FlatParams, regularize
 from geodml.channels_last import ChannelsLastTwin
 from geodml.config import OptimConfig
+from geodml.cores import usable_cores
 from geodml.metrics.sinks import Sink
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ def learning_rate(cfg: OptimConfig, step: int, spe: int, total_steps: int) -> fl
 
 # Evaluations at once in this process: partitions hosted as threads would otherwise hold one
 # 1000-example batch of activations each (hundreds of MB apiece for the CNN on 28x28 images).
-_CORES = max(1, os.cpu_count() or 1)
+_CORES = usable_cores()  # the affinity mask's cores, not the machine's
 _EVAL_SLOTS = threading.BoundedSemaphore(_CORES)
 # Training forwards and backwards at once in this process, for the same reason (a minibatch's
 # activations and autograd graph per partition in flight) and so that hosted partitions do not

@@ -82,7 +82,6 @@ import argparse
 import csv
 import json
 import math
-import os
 import statistics
 import sys
 import types
@@ -94,6 +93,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from geodml.config import DATASETS
+from geodml.cores import usable_cores
 from geodml.study import common
 from geodml.study.common import StudyError, final_rounds, fmt, matplotlib_pyplot, mean_sd, seed_list
 from geodml.study.runner import Launcher, RunResult, RunSpec, finite_floats, read_summary, torchrun_launcher
@@ -392,14 +392,6 @@ def core_seconds(args: argparse.Namespace, runs: Sequence[Run]) -> tuple[float, 
     train = sum(r.client_steps for r in runs) * STEP_S[args.model] * scale * args.protocol.batch / 64
     evals = sum(r.eval_images for r in runs) / 10_000 * EVAL_S[args.model] * scale
     return train, evals
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity where the OS has one, as on Linux; else all)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
 
 
 def estimate_text(args: argparse.Namespace, runs: Sequence[Run], cores: int | None = None) -> str:
