@@ -4,7 +4,8 @@ import socket
 
 import pytest
 
-from tests.support.procs import WorkerError, _ephemeral_range, base_spans, free_base, free_port, run_workers
+from geodml.bench.ports import base_spans, ephemeral_range, free_base, free_port
+from tests.support.procs import WorkerError, run_workers
 
 
 def _sum_ranks(rank, world, scale=1):
@@ -34,11 +35,11 @@ def test_hang_is_killed_and_reported():
         run_workers("tests.test_harness:_hang", 2, timeout_s=5)
 
 
-def test_ports_are_drawn_outside_the_ephemeral_range_and_avoid_what_they_are_told():
+def test_ports_are_drawn_outside_theephemeral_range_and_avoid_what_they_are_told():
     """free_port and free_base stay out of the kernel's ephemeral range, where an outgoing
     connection could take a port between the test's check and the server's bind (a CI failure
     once), and out of ``avoid``; the ports they return can be bound."""
-    low, high = _ephemeral_range()
+    low, high = ephemeral_range()
     room = bool(base_spans(4))  # else the harness falls back to any free port
     for _ in range(50):
         base = free_base(4)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import socket
 import subprocess
 import sys
 import time
@@ -27,14 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
+from geodml.bench.ports import free_port
+
 TIMEOUT_S = 900
 """Hard limit of any one benchmark subprocess (a hung run fails the benchmark, never the machine)."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def bench_env() -> dict[str, str]:

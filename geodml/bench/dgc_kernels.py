@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 
-from geodml.bench.common import free_port
+from geodml.bench.ports import free_port
 
 STAT = {"median": statistics.median, "min": min}
 """How repeated timings are summarized: median (default) or min (the uncontended cost on a busy machine)."""

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from geodml.bench.common import free_port
+from geodml.bench.ports import free_port
 
 LOG_EVERY = 10
 MIN_STEPS = 4 * LOG_EVERY
