@@ -29,7 +29,7 @@ import math
 import statistics
 import sys
 from pathlib import Path
-from typing import Any, Callable, NoReturn, Protocol, Sequence, TypeVar
+from typing import Any, Callable, NoReturn, Sequence
 
 from geodml.config import DATASETS
 from geodml.study.runner import Launcher, RunResult, RunSpec, is_running, read_summary, run_all
@@ -128,24 +128,16 @@ def add_only(p: argparse.ArgumentParser) -> None:
                         "command without --only once the plan is finished: it reuses them)")
 
 
-class HasRunId(Protocol):
-    @property
-    def run_id(self) -> str: ...
-
-
-_R = TypeVar("_R", bound=HasRunId)
-
-
-def select_only(items: Sequence[_R], only: Sequence[str], *, later_note: str = "") -> list[_R]:
-    """The items (runs or specs) whose run ids are in ``only``, in plan order; StudyError naming every id the plan
-    lacks (``later_note``: why some runs are not planned yet, appended to that error)."""
-    known = {x.run_id for x in items}
+def select_only(specs: Sequence[RunSpec], only: Sequence[str], *, later_note: str = "") -> list[RunSpec]:
+    """The specs whose run ids are in ``only``, in plan order; StudyError naming every id the plan lacks
+    (``later_note``: why some runs are not planned yet, appended to that error)."""
+    known = {s.run_id for s in specs}
     missing = [x for x in only if x not in known]
     if missing:
-        raise StudyError(f"--only: not in this plan: {', '.join(missing)} (--dry-run lists its {len(items)} run ids"
+        raise StudyError(f"--only: not in this plan: {', '.join(missing)} (--dry-run lists its {len(specs)} run ids"
                          f"{'; ' + later_note if later_note else ''})")
     wanted = set(only)
-    return [x for x in items if x.run_id in wanted]
+    return [s for s in specs if s.run_id in wanted]
 
 
 def print_plan(specs: Sequence[RunSpec]) -> None:
