@@ -35,7 +35,7 @@ def test_hang_is_killed_and_reported():
         run_workers("tests.test_harness:_hang", 2, timeout_s=5)
 
 
-def test_ports_are_drawn_outside_theephemeral_range_and_avoid_what_they_are_told():
+def test_ports_are_drawn_outside_the_ephemeral_range_and_avoid_what_they_are_told():
     """free_port and free_base stay out of the kernel's ephemeral range, where an outgoing
     connection could take a port between the test's check and the server's bind (a CI failure
     once), and out of ``avoid``; the ports they return can be bound."""

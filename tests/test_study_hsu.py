@@ -656,8 +656,7 @@ def test_hsu2019_only_refuses_ids_not_in_the_plan_before_anything_runs(tmp_path,
     for bad in ("a,a", ",", ""):
         assert hsu.hsu2019([*argv, "--only", bad], launcher=no_launch) == 2
         assert capsys.readouterr().err == (f"geodml.study hsu2019: error: argument --only: expected distinct "
-                                           f"comma-separated run ids such as fedavg-lr0.1-a0-c0.05-s0,"
-                                           f"fedavg-lr0.1-a0-c0.05-s1, got {bad!r}\n")
+                                           f"comma-separated run ids, as --dry-run lists them, got {bad!r}\n")
     assert not (tmp_path / "s").exists()
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 def free_port(avoid: tuple[int, ...] = ()) -> int:
     """One free port on loopback, not in ``avoid``, outside the ephemeral range (see ``free_base``):
-    the port a test hands to torchrun or gloo as MASTER_PORT, or to a server it starts, is bound
+    the port a test or benchmark hands to torchrun or gloo as MASTER_PORT, or to a server it starts, is bound
     only later, by that process, and an outgoing connection must not take it in between."""
     return free_base(1, avoid)
 

@@ -10,7 +10,8 @@
   sampling against IWDS resampling on LDA and LLT partitions of 10 clients, per seed.
 * ``vanlier`` (geodml.study.vanlier): van Lier 2018, FedAvg over 1,984 clients on distributions of
   rising label entropy against centralized training, by accuracy and ROC AUC, per seed.
-* geodml.study.common: what iwds and vanlier share (arguments, curves, seed statistics, ROC AUC).
+* geodml.study.common: what the studies share (arguments, running with ``--only``, curves, seed statistics,
+  ROC AUC).
 * ``hsu2019`` (geodml.study.hsu): Hsu et al. 2019, FedAvg over Dirichlet alpha and report goal C, FedAvgM's
   server momentum at a fixed effective learning rate (Figures 2, 5, 6), 100 clients x 500.
 * ``hsu2020`` (geodml.study.hsu): Hsu et al. 2020, FedIR on the Dirichlet population, FedVC on imbalanced

@@ -1,10 +1,12 @@
-"""Shared parts of the studies (geodml.study.*; the parser and ``run_and_report`` are iwds's, vanlier's
-and plateau's, the checks every study's).
+"""Shared parts of the studies (geodml.study.*; the parser is iwds's, vanlier's and plateau's,
+``run_and_report`` theirs and the Quagmire studies', the rest every study's).
 
 * Arguments: a parser whose errors are one line (``geodml.study NAME: error: ...``, exit 2), the
   common flags (``--budget``, ``--seeds``, ``--jobs``, ``--processes``, ``--out``, ``--dry-run`` ...), the
   check that flags after ``--`` do not touch what the study sets itself, and every run's flags through
   geodml's preflight before anything launches.
+* Running: ``run_specs`` (the plan at ``--jobs``, reusing finished runs), ``run_only`` (``--only``: some of
+  the plan's runs, no report) and ``run_and_report``.
 * Run directories read back: the test-accuracy curve of ``metrics.jsonl``, the label counts of
   ``partitions.json`` and, for a saved global model (``model.pt``), its test-set ROC AUC.
 * Seed statistics (mean, sample standard deviation) and a Spearman rank correlation.
@@ -115,17 +117,18 @@ def run_id_list(text: str) -> tuple[str, ...]:
     """argparse type of ``--only ID,ID``: distinct, non-empty run ids (as ``--dry-run`` lists them)."""
     ids = tuple(x for x in text.replace(" ", "").split(",") if x)
     if not ids or len(set(ids)) != len(ids):
-        raise argparse.ArgumentTypeError(f"expected distinct comma-separated run ids such as "
-                                         f"fedavg-lr0.1-a0-c0.05-s0,fedavg-lr0.1-a0-c0.05-s1, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected distinct comma-separated run ids, as --dry-run lists them, "
+                                         f"got {text!r}")
     return ids
 
 
 def add_only(p: argparse.ArgumentParser) -> None:
-    """A study's ``--only`` (select_only)."""
+    """A study's ``--only`` (run_only)."""
     p.add_argument("--only", type=run_id_list, metavar="RUN_ID[,RUN_ID...]",
                    help="run (or reuse) only these runs of the plan, ids as --dry-run lists them: to fill a failed run, "
-                        "or to add a few runs at a time on a busy machine; the report is not written (run the same "
-                        "command without --only once the plan is finished: it reuses them)")
+                        "to add a few runs at a time on a busy machine, or to split the plan over machines that share "
+                        "the study directory; the report is not written (run the same command without --only once the "
+                        "plan is finished: it reuses them)")
 
 
 def select_only(specs: Sequence[RunSpec], only: Sequence[str], *, later_note: str = "") -> list[RunSpec]:
@@ -211,11 +214,12 @@ def run_specs(args: argparse.Namespace, specs: Sequence[RunSpec], launcher: Laun
                    processes=args.processes, log=lambda m: print(m, flush=True), on_result=on_result)
 
 
-def run_only(name: str, args: argparse.Namespace, specs: Sequence[RunSpec], total: int, launcher: Launcher, *,
-             later_note: str = "", on_result: Callable[[RunResult], None] | None = None) -> int:
-    """``--only``: the runs of ``specs`` it names (listed with --dry-run, else run or reused) out of the plan's
-    ``total``, and no report. 0: each succeeded; 1: some failed; 2: an id ``specs`` lacks (one error line, nothing
-    launched)."""
+def run_only(name: str, args: argparse.Namespace, specs: Sequence[RunSpec], launcher: Launcher, *,
+             total: int | None = None, later_note: str = "",
+             on_result: Callable[[RunResult], None] | None = None) -> int:
+    """``--only``: the runs of ``specs`` it names (listed with --dry-run, else run or reused), and no report;
+    ``total``: the plan's run count when ``specs`` is not all of it (default ``len(specs)``). 0: each succeeded;
+    1: some failed; 2: an id ``specs`` lacks (one error line, nothing launched)."""
     try:
         chosen = select_only(specs, args.only, later_note=later_note)
     except StudyError as exc:
@@ -225,6 +229,7 @@ def run_only(name: str, args: argparse.Namespace, specs: Sequence[RunSpec], tota
         print_plan(chosen)
         return 0
     failed = [r.spec.run_id for r in run_specs(args, chosen, launcher, on_result=on_result) if not r.succeeded]
+    total = len(specs) if total is None else total
     print(f"--only: {len(chosen)} of the plan's {total} runs; no report written (run the same command without --only "
           f"once the plan is finished: it reuses every finished run)", flush=True)
     if failed:
@@ -233,12 +238,12 @@ def run_only(name: str, args: argparse.Namespace, specs: Sequence[RunSpec], tota
 
 
 def run_and_report(name: str, args: argparse.Namespace, specs: Sequence[RunSpec], launcher: Launcher,
-                   report: Callable[[list], dict], write: Callable[..., tuple[str, list[Path]]]) -> int:
+                   report: Callable[[list[RunResult]], dict], write: Callable[..., tuple[str, list[Path]]]) -> int:
     """The end of a study's main: run ``specs`` (run_specs), build the report from the results, write it
     (``write(report, out, plots=...)``), print it and the failed runs. 0: every run succeeded; 1: some failed
     (reported). ``--dry-run``: print_plan, 0. ``--only``: run_only (no report)."""
     if args.only:
-        return run_only(name, args, specs, len(specs), launcher)
+        return run_only(name, args, specs, launcher)
     if args.dry_run:
         print_plan(specs)
         return 0

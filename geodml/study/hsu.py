@@ -452,19 +452,21 @@ def prune_partition_models(result: RunResult) -> None:
             pass
 
 
-def execute(args: argparse.Namespace, runs: list[Run], launcher: Launcher) -> list[RunResult]:
-    return common.run_specs(args, [r.spec for r in runs], launcher, on_result=on_result(args))
-
-
-def on_result(args: argparse.Namespace) -> Callable[[RunResult], None] | None:
-    """What each run's end triggers: deleting its partition models unless --keep-partition-models."""
+def prune_hook(args: argparse.Namespace) -> Callable[[RunResult], None] | None:
+    """What each run's end triggers: deleting its partition models, unless --keep-partition-models."""
     return None if args.keep_partition_models else prune_partition_models
+
+
+def execute(args: argparse.Namespace, runs: list[Run], launcher: Launcher) -> list[RunResult]:
+    """Run (or reuse) ``runs`` (common.run_specs), pruning partition models as each ends (prune_hook)."""
+    return common.run_specs(args, [r.spec for r in runs], launcher, on_result=prune_hook(args))
 
 
 def run_only(name: str, args: argparse.Namespace, pool: list[Run], total: int, launcher: Launcher, *,
              later_note: str = "") -> int:
-    return common.run_only(name, args, [r.spec for r in pool], total, launcher, later_note=later_note,
-                           on_result=on_result(args))
+    """common.run_only over the specs of ``pool`` (of a plan of ``total`` runs), pruning as execute does."""
+    return common.run_only(name, args, [r.spec for r in pool], launcher, total=total, later_note=later_note,
+                           on_result=prune_hook(args))
 
 
 # ---- results -------------------------------------------------------------------------------------------

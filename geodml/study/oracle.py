@@ -383,7 +383,7 @@ def main(argv: list[str] | None = None, *, launcher: Launcher = torchrun_launche
           f"on {args.dataset}, {setting_name(args)}, K={args.nproc}, into {args.out}", flush=True)
     specs = [p.spec for p in runs]
     if args.only:
-        return common.run_only("oracle", args, specs, len(specs), launcher)
+        return common.run_only("oracle", args, specs, launcher)
     if args.dry_run:
         common.print_plan(specs)
         return 0

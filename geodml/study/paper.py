@@ -817,18 +817,8 @@ def main_for(name: str, argv: list[str] | None = None, *, launcher: Launcher = t
         return 2
     print(f"{name} study ({PAPER_REF[name]}): {len(cells)} runs on {args.dataset}, K={args.nproc}, budget {budget.name}, "
           f"into {args.out}", flush=True)
-    specs = [c.spec for c in cells]
-    if args.only:
-        return common.run_only(name, args, specs, len(specs), launcher)
-    if args.dry_run:
-        common.print_plan(specs)
-        return 0
-    report = build_report(args, budget, cells, common.run_specs(args, specs, launcher))
-    text, paths = write_outputs(report, Path(args.out), plots=not args.no_plots)
-    print("\n" + text + "\nwritten: " + ", ".join(str(p) for p in paths), flush=True)
-    if report["failed"]:
-        print(f"{len(report['failed'])} run(s) failed: {', '.join(report['failed'])}", file=sys.stderr)
-    return 1 if report["failed"] else 0
+    return common.run_and_report(name, args, [c.spec for c in cells], launcher,
+                                 lambda results: build_report(args, budget, cells, results), write_outputs)
 
 
 def noniid(argv=None, **kw):

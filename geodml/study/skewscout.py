@@ -427,7 +427,7 @@ def main(argv: list[str] | None = None, *, launcher: Launcher = torchrun_launche
           f"{budget.name}, seeds {','.join(map(str, args.seeds))}, into {args.out}", flush=True)
     specs = [r.spec for r in runs]
     if args.only:
-        return common.run_only("skewscout", args, specs, len(specs), launcher)
+        return common.run_only("skewscout", args, specs, launcher)
     if args.dry_run:
         common.print_plan(specs)
         return 0
