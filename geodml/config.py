@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 DATASETS = ("digits", "fashion-mnist", "mnist", "cifar10")
-PARTITIONS = ("iid", "label", "dirichlet", "shards", "longtail", "entropy")
+PARTITIONS = ("iid", "label", "dirichlet", "lda", "shards", "longtail", "entropy")
 MODELS = ("cnn", "lenet", "resnet20", "logreg", "mlp", "cifar-cnn")
 """cnn: McMahan et al. 2017's CNN (called lenet before issue 21); lenet: the Quagmire authors' Caffe LeNet;
 cifar-cnn: McMahan et al. 2017's CIFAR-10 CNN (the TensorFlow tutorial's), which Hsu et al. 2019 use."""
@@ -95,11 +95,13 @@ class DataConfig:
     data_dir: str | None = opt(None, help="directory with the dataset files",
                                default_text="/usr/share/datasets/fashion-mnist for fashion-mnist")
     partition: str = opt("iid", choices=PARTITIONS, help="partitioner: iid, label (Quagmire x% non-IID), "
-                         "dirichlet (Hsu et al.), shards (McMahan et al.), longtail (IWDS's LLT), "
+                         "dirichlet (Hsu et al.), lda (per-class Dirichlet over the partitions, unequal sizes; "
+                         "IWDS's LDA), shards (McMahan et al.), longtail (IWDS's LLT), "
                          "entropy (van Lier's topic-based distributions)")
     skew: float = opt(1.0, help="--partition label: fraction of the data partitioned by label (1.0 = 100% non-IID)")
     alpha: float = opt(0.5, help="--partition dirichlet: concentration alpha of Dir(alpha * p); 0 = one class "
-                       "per client (the alpha -> 0 limit)")
+                       "per client (the alpha -> 0 limit); --partition lda: per-client concentration of each "
+                       "class's Dir(alpha * 1) over the partitions (> 0; IWDS's alpha_d)")
     client_size: int | None = opt(None, metavar="N", default_text="training samples // partitions",
                                   help="--partition dirichlet: samples per partition, drawn without replacement "
                                   "(Hsu et al. 2019: 100 clients x 500)")
@@ -128,6 +130,8 @@ class DataConfig:
                f"--skew must be a fraction in [0, 1], got {self.skew!r}")
         _check(_finite(self.alpha) and self.alpha >= 0,
                f"--alpha must be >= 0 (0: one class per partition), got {self.alpha!r}")
+        _check(self.partition != "lda" or self.alpha > 0,
+               f"--partition lda needs --alpha > 0 (a Dirichlet concentration), got {self.alpha!r}")
         _check(self.client_size is None or (_int(self.client_size) and self.client_size >= 1),
                f"--client-size must be an integer >= 1, got {self.client_size!r}")
         _check(_finite(self.size_zipf) and self.size_zipf >= 0,

@@ -160,6 +160,7 @@ CASES = [
                                        "--virtual-client-size", "8"], "--iwds-mode resample draws each minibatch"),
     ("iwds-mode-unknown", lambda t: ["--algo", "fedavg", "--iwds-mode", "sample"], "--iwds-mode"),
     ("local-epochs-negative", lambda t: ["--algo", "fedavg", "--local-epochs", "-1"], "--local-epochs must be >= 0"),
+    ("lda-alpha-zero", lambda t: ["--partition", "lda", "--alpha", "0"], "--partition lda needs --alpha > 0"),
     ("local-epochs-fedvc", lambda t: ["--algo", "fedavg", "--local-epochs", "1", "--virtual-client-size", "8"],
      "--local-epochs and --virtual-client-size"),
     ("skewscout-bsp", lambda t: ["--algo", "bsp", "--skewscout"], "--skewscout tunes a communication knob"),

@@ -12,6 +12,7 @@ from geodml.data.partition import (
     EntropyPartitioner,
     IIDPartitioner,
     LabelSkewPartitioner,
+    LDAPartitioner,
     LongTailPartitioner,
     ShardsPartitioner,
     format_partition_table,
@@ -44,7 +45,7 @@ def assert_disjoint_sorted(parts, n, *, cover):
 
 
 ALL = [IIDPartitioner(), LabelSkewPartitioner(1.0), LabelSkewPartitioner(0.3), DirichletPartitioner(0.5),
-       ShardsPartitioner(2)]
+       ShardsPartitioner(2), LDAPartitioner(0.5)]
 
 
 # ------------------------------------------------------------------ common contract
@@ -56,7 +57,7 @@ def test_disjoint_sorted_and_cover(part, k):
     labels = np.random.default_rng(9).integers(0, 10, size=503)
     parts = part.split(labels, k, rng())
     assert len(parts) == k
-    exact_cover = isinstance(part, (IIDPartitioner, LabelSkewPartitioner))
+    exact_cover = isinstance(part, (IIDPartitioner, LabelSkewPartitioner, LDAPartitioner))
     assert_disjoint_sorted(parts, len(labels), cover=exact_cover)
     if isinstance(part, DirichletPartitioner):
         assert [len(p) for p in parts] == [503 // k] * k  # 503 mod k samples dropped
@@ -98,11 +99,107 @@ def test_bad_labels(labels, match):
                                          (lambda: LabelSkewPartitioner(float("nan")), "skew"),
                                          (lambda: DirichletPartitioner(-0.1), "alpha"),
                                          (lambda: DirichletPartitioner(float("inf")), "alpha"),
+                                         (lambda: LDAPartitioner(0), "alpha must be a finite number > 0"),
+                                         (lambda: LDAPartitioner(float("nan")), "alpha must be a finite number > 0"),
+                                         (lambda: LDAPartitioner(0.5, max_draws=0), "max_draws"),
                                          (lambda: ShardsPartitioner(0), "shards_per_partition"),
                                          (lambda: ShardsPartitioner(1.5), "shards_per_partition")])
 def test_bad_parameters(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+# ------------------------------------------------------------------ lda (the IWDS authors' "hetero")
+
+
+class ScriptedRng:
+    """Stands in for the generator: permutations keep their order, Dirichlet draws come from a script."""
+
+    def __init__(self, draws):
+        self.draws = [np.asarray(d, dtype=np.float64) for d in draws]
+        self.dirichlet_calls = 0
+
+    def permutation(self, x):
+        return np.array(x, copy=True)
+
+    def dirichlet(self, concentration):
+        assert len(concentration) == len(self.draws[0])
+        self.dirichlet_calls += 1
+        return self.draws.pop(0)
+
+
+def test_lda_cuts_and_cap_by_hand():
+    """The docstring's example: K = 2, three classes of 10, cap N/K = 15. Class 0 (0.9, 0.1): cut at
+    floor(9.0) = 9 -> 9 | 1. Class 1 (0.7, 0.3): both under 15, cut at floor(7.0) = 7 -> 16 | 4.
+    Class 2 (0.5, 0.5): client 0 holds 16 >= 15, so its share is zeroed and client 1 takes all 10."""
+    labels = np.repeat(np.arange(3), 10)
+    parts = LDAPartitioner(1.0).split(labels, 2, ScriptedRng([(0.9, 0.1), (0.7, 0.3), (0.5, 0.5)]))
+    assert parts[0].tolist() == list(range(0, 9)) + list(range(10, 17))
+    assert parts[1].tolist() == [9] + list(range(17, 20)) + list(range(20, 30))
+
+
+def test_lda_redraws_whole_split_until_every_client_holds_c_samples():
+    """Two classes of 4, K = 2, cap 4, C = 2. Draw 1: class 0 (0.9, 0.1) cut at floor(3.6) = 3 -> 3 | 1;
+    class 1 (1, 0) cut at 4 -> 7 | 1: client 1 holds 1 < 2, so the split is drawn again. Draw 2: (0.5,
+    0.5) twice -> 2 | 2 and 2 | 2."""
+    labels = np.repeat(np.arange(2), 4)
+    rng_ = ScriptedRng([(0.9, 0.1), (1.0, 0.0), (0.5, 0.5), (0.5, 0.5)])
+    parts = LDAPartitioner(1.0).split(labels, 2, rng_)
+    assert [p.tolist() for p in parts] == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert rng_.dirichlet_calls == 4
+
+
+def test_lda_redraws_a_share_with_no_mass_on_open_clients():
+    """Three classes of 4, K = 2, cap 6. Class 0 (1, 0) -> 4 | 0; class 1 (0.5, 0.5) -> 6 | 2; class 2:
+    client 0 is full, the draw (1, 0) leaves no mass on client 1 and is redrawn: (0.2, 0.8) -> 6 | 6."""
+    labels = np.repeat(np.arange(3), 4)
+    rng_ = ScriptedRng([(1.0, 0.0), (0.5, 0.5), (1.0, 0.0), (0.2, 0.8)])
+    parts = LDAPartitioner(1.0).split(labels, 2, rng_)
+    assert [p.tolist() for p in parts] == [list(range(6)), list(range(6, 12))]
+
+
+def test_lda_tiny_alpha_one_whole_class_per_client():
+    """alpha -> 0 makes every class's draw (numerically) one-hot; a client that takes a whole class of
+    600 reaches the cap N/K = 600 and is closed, so the 10 classes land on 10 different clients."""
+    labels = np.repeat(np.arange(10), 600)
+    parts = LDAPartitioner(1e-6).split(labels, 10, rng(3))
+    c = counts(labels, parts)
+    assert sorted(c.max(axis=1).tolist()) == [600] * 10
+    assert (c > 0).sum(axis=1).tolist() == [1] * 10
+    assert sorted(c.argmax(axis=1).tolist()) == list(range(10))
+
+
+def test_lda_huge_alpha_is_near_uniform():
+    """alpha = 1e6: every share is 1/K to about 1e-3, so each client gets floor-cut pieces of 60 +- 1 of
+    each 600-sample class."""
+    labels = np.repeat(np.arange(10), 600)
+    c = counts(labels, LDAPartitioner(1e6).split(labels, 10, rng(4)))
+    assert np.abs(c - 60).max() <= 1
+    assert c.sum() == 6000
+
+
+def test_lda_iwds_setting_unequal_sizes_and_seeded():
+    """IWDS's LDA alpha_d = 0.1 on a Fashion-MNIST-shaped set (10 classes x 6,000, 10 clients): every
+    sample assigned, at least 10 per client, sizes unequal, the same split for the same seed."""
+    labels = np.repeat(np.arange(10), 6000)
+    a = LDAPartitioner(0.1).split(labels, 10, rng(0))
+    b = LDAPartitioner(0.1).split(labels, 10, rng(0))
+    assert_disjoint_sorted(a, len(labels), cover=True)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    sizes = [len(p) for p in a]
+    assert min(sizes) >= 10 and max(sizes) > 6000 > min(sizes)
+
+
+def test_lda_needs_c_samples_per_partition():
+    labels = np.repeat(np.arange(5), 3)  # 15 samples, 5 classes: at most 3 partitions of 5
+    with pytest.raises(ValueError, match="needs at least 5 samples"):
+        LDAPartitioner(0.5).split(labels, 4, rng())
+
+
+def test_lda_gives_up_after_max_draws():
+    labels = np.repeat(np.arange(2), 4)
+    with pytest.raises(ValueError, match="after 1 draws some partition"):
+        LDAPartitioner(1.0, max_draws=1).split(labels, 2, ScriptedRng([(0.9, 0.1), (1.0, 0.0)]))
 
 
 # ------------------------------------------------------------------ iid
@@ -581,6 +678,7 @@ def test_shards_need_enough_samples():
     (DataConfig(partition="shards", shards_per_partition=3), ShardsPartitioner(3)),
     (DataConfig(partition="dirichlet", alpha=0, client_size=500), DirichletPartitioner(0, client_size=500)),
     (DataConfig(partition="longtail", tail=0.99), LongTailPartitioner(0.99)),
+    (DataConfig(partition="lda", alpha=0.1), LDAPartitioner(0.1)),
     (DataConfig(partition="entropy", entropy_steps=7, dataset="fashion-mnist"), EntropyPartitioner(7, FASHION_MNIST_TREE)),
     (DataConfig(partition="entropy", dataset="digits"), EntropyPartitioner(0, None)),
 ])

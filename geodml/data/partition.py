@@ -3,7 +3,7 @@
 Every partitioner is a pure function of ``(labels, num_partitions, rng)``: every rank calls
 it with a generator seeded from the run seed and gets the same list of partitions, then keeps
 its own. Each returns one sorted int64 index array per partition; the arrays are disjoint.
-``iid``, ``label``, ``longtail`` and ``entropy`` cover every sample; ``dirichlet`` and ``shards``
+``iid``, ``label``, ``lda``, ``longtail`` and ``entropy`` cover every sample; ``dirichlet`` and ``shards``
 drop a few samples to make sizes equal (fewer than ``num_partitions`` resp. ``num_partitions *
 shards``, see below; ``dirichlet`` with ``client_size`` drops all but ``K * client_size``).
 "Classes" below are the distinct label values present, in increasing order.
@@ -66,6 +66,26 @@ shards``, see below; ``dirichlet`` with ``client_size`` drops all but ``K * clie
   S = 0 draws nothing, so equal-size splits are unchanged). The class mix of each client is
   drawn as above. S = 1, n_1 = 3000, K = 100: 3000, 1500, 1000, 750, ..., 30 samples (15,519 in
   all), 47 local steps of B = 64 for the largest client against one for the smallest.
+
+- ``lda`` with concentration ``alpha`` -- the per-class Dirichlet split over clients that most
+  federated code bases call LDA or "hetero" (Yurochkin et al. 2019; Wang et al. 2020 (FedMA);
+  NIID-Bench; FedML), and the LDA partition of IWDS (Tang et al., FTL-IJCAI'21: alpha_d 0.5 and
+  0.1), defined here by the ``"hetero"`` branch of ``partition_data`` in its first author's code
+  (github.com/wizard1203/GossipFL ``data_preprocessing/loader.py``, commit ae02e92c, with its
+  defaults ``dirichlet_balance=False`` and ``dirichlet_min_p=None``). Unlike ``dirichlet`` the
+  draw is per class, over clients, so client sizes differ. For each class c in increasing order:
+  its samples in a random order, then ``p ~ Dir(alpha * 1_K)`` over the K clients; a client
+  already holding ``N / K`` samples or more (N: all samples) gets no share (``p_k = 0``; the
+  code's balance rule), p is renormalised, and the class is cut in client order at
+  ``floor(n_c * cumsum(p))`` (the last client takes the rest). If afterwards any client holds
+  fewer than C samples (C: the number of classes; the code's ``min_size < class_num``), the whole
+  split is drawn again, from the same generator; after 1,000 draws it raises ``ValueError``.
+  Every sample is assigned. Example: K = 2, three classes of 10 (cap 15), draws (0.9, 0.1), (0.7,
+  0.3), (0.5, 0.5): class 0 cut at 9 (9 | 1), class 1 at 7 (16 | 4), class 2 all to client 1
+  because client 0 holds 16 >= 15 (16 | 14). Note the convention: ``alpha`` here is the per-client
+  concentration; IWDS's alpha_d is this alpha. One addition: a draw whose mass is (numerically)
+  zero on every client under the cap -- possible only for a tiny alpha, where the code would
+  divide 0 by 0 -- is redrawn.
 
 - ``shards`` with ``s`` shards per partition -- McMahan et al. 2017 as described in Hsu et al.
   2019, Section 2 (Related Work): sort by label, cut into ``K * s`` shards of ``N // (K*s)`` samples each,
@@ -345,6 +365,64 @@ class DirichletPartitioner:
 
 
 @dataclass(frozen=True)
+class LDAPartitioner:
+    """Per-class ``Dir(alpha * 1_K)`` over the K clients, capped at N / K, redrawn until every client
+    holds at least C samples (the IWDS authors' "hetero" LDA; unequal client sizes)."""
+
+    alpha: float
+    """Per-client concentration > 0; large -> every class spread evenly (IID), small -> few clients per class."""
+    max_draws: int = 1000
+    """Whole-split draws before giving up on every client holding at least C samples."""
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.alpha, (int, float)) and not isinstance(self.alpha, bool)
+                and math.isfinite(self.alpha) and self.alpha > 0):
+            raise ValueError(f"alpha must be a finite number > 0 for --partition lda, got {self.alpha!r}")
+        if isinstance(self.max_draws, bool) or not isinstance(self.max_draws, int) or self.max_draws < 1:
+            raise ValueError(f"max_draws must be an integer >= 1, got {self.max_draws!r}")
+
+    def split(self, labels: np.ndarray, num_partitions: int, rng: np.random.Generator) -> list[np.ndarray]:
+        labels = _check_split_args(labels, num_partitions)
+        classes = np.unique(labels)
+        min_size = len(classes)
+        if min_size * num_partitions > len(labels):
+            raise ValueError(f"--partition lda needs at least {min_size} samples (as many as classes) in each of "
+                             f"{num_partitions} partitions and the training set has {len(labels)}; run fewer "
+                             f"partitions")
+        cap = len(labels) / num_partitions
+        members = [np.flatnonzero(labels == c) for c in classes]
+        for _ in range(self.max_draws):
+            parts = self._draw_split(members, num_partitions, cap, rng)
+            if min(len(p) for p in parts) >= min_size:
+                return _finish(parts)
+        raise ValueError(f"--partition lda with alpha {self.alpha:g}: after {self.max_draws} draws some partition "
+                         f"still held fewer than {min_size} samples; raise --alpha or run fewer partitions")
+
+    def _draw_split(self, members: list[np.ndarray], num_partitions: int, cap: float,
+                    rng: np.random.Generator) -> list[np.ndarray]:
+        """One draw of the whole split: every class in turn, cut by a capped Dirichlet share."""
+        pieces: list[list[np.ndarray]] = [[] for _ in range(num_partitions)]
+        sizes = np.zeros(num_partitions, dtype=np.int64)
+        concentration = np.full(num_partitions, float(self.alpha))
+        for m in members:
+            order = rng.permutation(m)
+            open_ = sizes < cap  # never all False: fewer than N samples are given out before the last class
+            for _ in range(self.max_draws):
+                p = rng.dirichlet(concentration) * open_
+                total = p.sum()
+                if np.isfinite(total) and total > 0:
+                    break
+            else:
+                raise ValueError(f"--partition lda with alpha {self.alpha:g}: {self.max_draws} Dirichlet draws put "
+                                 f"no mass on a partition that can still take samples; raise --alpha")
+            cuts = (np.cumsum(p / total) * len(order)).astype(np.int64)[:-1]
+            for k, piece in enumerate(np.split(order, cuts)):
+                pieces[k].append(piece)
+                sizes[k] += len(piece)
+        return [np.concatenate(ps) for ps in pieces]
+
+
+@dataclass(frozen=True)
 class ShardsPartitioner:
     """McMahan et al.: sort by label, cut into ``K * shards_per_partition`` equal shards, deal them out at random."""
 
@@ -557,6 +635,8 @@ def make_partitioner(cfg: DataConfig) -> Partitioner:
         return LabelSkewPartitioner(skew=cfg.skew)
     if cfg.partition == "dirichlet":
         return DirichletPartitioner(alpha=cfg.alpha, client_size=cfg.client_size, size_zipf=cfg.size_zipf)
+    if cfg.partition == "lda":
+        return LDAPartitioner(alpha=cfg.alpha)
     if cfg.partition == "longtail":
         return LongTailPartitioner(tail=cfg.tail)
     if cfg.partition == "entropy":
