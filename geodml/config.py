@@ -304,6 +304,12 @@ class AlgoConfig:
                               "batch size) local steps per round (McMahan et al.'s E: unequal partitions take unequal "
                               "steps), a round lasting as long as its longest participant; replaces --iter-local "
                               "(0: off)")
+    rounds: int | None = opt(None, algos=FEDAVG, metavar="R", default_text="off", help="training length in "
+                             "rounds; replaces --steps and --epochs: the run ends with the R-th average, after the "
+                             "rounds' lengths summed (R x --iter-local; with --local-epochs each round's longest "
+                             "participant, from the partition sizes and the seeded client draw)")
+    eval_every_rounds: int = opt(0, algos=FEDAVG, metavar="N", help="with --rounds: also validate the global model "
+                                 "after every N-th round (at the round's last step, whatever its length; 0: off)")
 
     def __post_init__(self) -> None:
         _check(self.algo in ALGOS, f"--algo: unknown algorithm {self.algo!r}; choose one of {', '.join(ALGOS)}")
@@ -348,6 +354,12 @@ class AlgoConfig:
         _check(not (self.local_epochs > 0 and self.virtual_client_size > 0),
                "--local-epochs and --virtual-client-size both set how much a participant trains per round; "
                "choose one")
+        _check(self.rounds is None or (_int(self.rounds) and self.rounds >= 1),
+               f"--rounds must be an integer >= 1, got {self.rounds!r}")
+        _check(_int(self.eval_every_rounds) and self.eval_every_rounds >= 0,
+               f"--eval-every-rounds must be an integer >= 0 (0: off), got {self.eval_every_rounds!r}")
+        _check(self.eval_every_rounds == 0 or self.rounds is not None,
+               "--eval-every-rounds counts the rounds of a --rounds run; give --rounds too (or --eval-every in steps)")
 
 
 @dataclass(kw_only=True)
@@ -591,6 +603,13 @@ class RunConfig:
                f"got {self.skewscout.skewscout_grid!r}")
         _check(not (self.skewscout.enabled and self.algo.algo == "fedavg" and self.algo.local_epochs > 0),
                "--skewscout tunes FedAvg's Iter_Local, which --local-epochs replaces; drop one of them")
+        _check(self.algo.rounds is None or self.algo.algo == "fedavg",
+               f"--rounds counts FedAvg's rounds; --algo {self.algo.algo} has none: give --steps or --epochs")
+        _check(self.algo.rounds is None or self.optim.steps is None,
+               "--rounds and --steps both set the training length; give one")
+        _check(self.algo.rounds is None or not self.skewscout.enabled,
+               "--rounds needs the rounds' lengths before the run and --skewscout changes Iter_Local during it; "
+               "give --steps instead")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -196,6 +196,24 @@ def partition_source(exporter: RankExporter, cfg: RunConfig, comm: RunComm, rank
                                   ledger_rows=comm.ledger.rows, emulated_s=lambda: float(comm.emulated_s))
 
 
+def training_length(cfg: RunConfig, sizes: np.ndarray, spe: int) -> tuple[int, frozenset[int]]:
+    """The run's trainer steps and its validation steps beyond --eval-every: --steps, --epochs x the
+    steps per epoch, or with --rounds R the first R rounds' lengths summed (``round_steps``); --eval-at,
+    plus with --eval-every-rounds N the last step of every N-th round."""
+    eval_at = frozenset(int(x) for x in cfg.eval_at)
+    a = cfg.algo
+    if a.rounds is None:
+        return cfg.optim.steps or max(1, round(cfg.optim.epochs * spe)), eval_at
+    from geodml.algorithms.fedavg import round_steps
+    lengths = round_steps(sizes, rounds=a.rounds, seed=cfg.seed, client_fraction=a.client_fraction,
+                          batch_size=cfg.optim.batch_size, iter_local=a.iter_local, local_epochs=a.local_epochs,
+                          virtual_client_size=a.virtual_client_size)
+    ends = np.cumsum(lengths)
+    if a.eval_every_rounds:
+        eval_at |= frozenset(int(e) for e in ends[a.eval_every_rounds - 1::a.eval_every_rounds])
+    return int(ends[-1]), eval_at
+
+
 def _rank0_sinks(cfg: RunConfig, out: Path, total_steps: int) -> Sink:
     from geodml.metrics.sinks import ConsoleProgress, JsonlSink, MultiSink
     sinks: list[Sink] = [JsonlSink(out / rundir.METRICS)]
@@ -262,7 +280,7 @@ def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: 
                               pixel_std=ds.pixel_std).to(device)
     flat = FlatParams(model, param_multipliers(cfg.model, model))
     spe = steps_per_epoch(len(labels), world, cfg.optim.batch_size)
-    total_steps = cfg.optim.steps or max(1, round(cfg.optim.epochs * spe))
+    total_steps, eval_at = training_length(cfg, np.asarray([len(p) for p in parts]), spe)
     ctx = AlgoContext(rank=rank, world_size=world, seed=cfg.seed, steps_per_epoch=spe, total_steps=total_steps,
                       batch_size=cfg.optim.batch_size, label_counts=np.asarray(report["label_counts"], dtype=np.int64))
     algo = build_algorithm(cfg, flat=flat, comm=comm, ctx=ctx)
@@ -299,7 +317,7 @@ def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: 
     checkpointer = Checkpointer(out, rank=rank, world_size=world, every_steps=cfg.reliability.checkpoint_every, fp=fp)
     step_hooks = [h for h in (checkpointer, fault_hook_from_env(rank)) if h is not None]
     schedule = Schedule(optim=cfg.optim, total_steps=total_steps, steps_per_epoch=spe, eval_every=cfg.eval_every,
-                        log_every=cfg.log_every, seed=cfg.seed, eval_at=frozenset(int(x) for x in cfg.eval_at))
+                        log_every=cfg.log_every, seed=cfg.seed, eval_at=eval_at)
     trainer = Trainer(model=model, flat=flat, algo=algo, comm=comm, data=data, schedule=schedule, sink=sink,
                       skewscout=skewscout, step_hooks=step_hooks, eval_cache=eval_cache, channels_last=cfg.channels_last)
     if resume_step is not None:

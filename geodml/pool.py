@@ -157,7 +157,7 @@ class Pool:
         from geodml.algorithms import AlgoContext, FlatParams, build_algorithm
         from geodml.data.partition import partition_report
         from geodml.models import build_from_config, param_multipliers
-        from geodml.parts import write_run_header
+        from geodml.parts import training_length, write_run_header
         from geodml.trainer import BatchSampler, steps_per_epoch
 
         self.cfg, self.out, self.group, self.startup = cfg, out, group, startup
@@ -172,8 +172,8 @@ class Pool:
         self._shapes = (ds.input_shape, ds.num_classes, ds.pixel_std)  # for evaluation replicas
         flat = FlatParams(model, param_multipliers(cfg.model, model))
         self.spe = steps_per_epoch(len(labels), P, cfg.optim.batch_size)
-        self.total_steps = cfg.optim.steps or max(1, round(cfg.optim.epochs * self.spe))
-        self.eval_at = frozenset(int(x) for x in cfg.eval_at)  # further validation steps (--eval-at)
+        # further validation steps: --eval-at, and the ends of rounds --eval-every-rounds names
+        self.total_steps, self.eval_at = training_length(cfg, np.asarray([len(p) for p in pre.partitions]), self.spe)
         self.ctx = AlgoContext(rank=self.hosted.start, world_size=P, seed=cfg.seed, steps_per_epoch=self.spe,
                                total_steps=self.total_steps, batch_size=cfg.optim.batch_size,
                                label_counts=np.asarray(report["label_counts"], dtype=np.int64))

@@ -161,6 +161,8 @@ CASES = [
     ("iwds-mode-unknown", lambda t: ["--algo", "fedavg", "--iwds-mode", "sample"], "--iwds-mode"),
     ("local-epochs-negative", lambda t: ["--algo", "fedavg", "--local-epochs", "-1"], "--local-epochs must be >= 0"),
     ("lda-alpha-zero", lambda t: ["--partition", "lda", "--alpha", "0"], "--partition lda needs --alpha > 0"),
+    ("rounds-and-steps", lambda t: ["--algo", "fedavg", "--rounds", "3", "--steps", "10"],
+     "--rounds and --steps both set the training length"),
     ("local-epochs-fedvc", lambda t: ["--algo", "fedavg", "--local-epochs", "1", "--virtual-client-size", "8"],
      "--local-epochs and --virtual-client-size"),
     ("skewscout-bsp", lambda t: ["--algo", "bsp", "--skewscout"], "--skewscout tunes a communication knob"),

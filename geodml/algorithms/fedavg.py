@@ -82,6 +82,36 @@ def num_participants(client_fraction: float, world_size: int) -> int:
     return max(1, min(world_size, math.floor(client_fraction * world_size + 1e-9)))
 
 
+def select_round(seed: int, round_index: int, world_size: int, num_selected: int) -> tuple[int, ...]:
+    """Round ``round_index``'s participants, sorted: all, or ``num_selected`` drawn uniformly without
+    replacement from a generator seeded by (seed, round) -- identical on every rank."""
+    if num_selected == world_size:
+        return tuple(range(world_size))
+    rng = np.random.default_rng([seed, round_index, _SELECT_TAG])
+    return tuple(sorted(int(i) for i in rng.choice(world_size, size=num_selected, replace=False)))
+
+
+def local_steps(size: int, local_epochs: float, batch_size: int) -> int:
+    """ceil(E * n_k / B) local steps of a partition of ``size`` examples (McMahan et al. 2017's u_k =
+    E n_k / B; at least 1)."""
+    return max(1, math.ceil(local_epochs * int(size) / batch_size - 1e-9))
+
+
+def round_steps(sizes: np.ndarray, *, rounds: int, seed: int, client_fraction: float, batch_size: int,
+                iter_local: int, local_epochs: float = 0.0, virtual_client_size: int = 0) -> list[int]:
+    """Trainer steps of each of the first ``rounds`` rounds, as FedAvg and its variants run them: Iter_Local
+    each; FedVC ceil(N_VC / B) each; with --local-epochs the longest participant's local steps of each
+    round, from the partition ``sizes`` and the seeded client draw (what ``--rounds`` sums)."""
+    if virtual_client_size > 0:
+        return [math.ceil(virtual_client_size / batch_size)] * rounds   # FedVC's round_length
+    if local_epochs <= 0:
+        return [int(iter_local)] * rounds
+    k = len(sizes)
+    m = num_participants(client_fraction, k)
+    return [max(local_steps(sizes[i], local_epochs, batch_size) for i in select_round(seed, t, k, m))
+            for t in range(rounds)]
+
+
 class FedAvg(Algorithm):
     """FederatedAveraging on node k (see the module docstring for the exact contract)."""
 
@@ -142,17 +172,12 @@ class FedAvg(Algorithm):
         """Local steps partition ``rank`` takes in a round it is selected for: Iter_Local, or with
         --local-epochs E, ceil(E * n_k / B) (McMahan et al. 2017's u_k = E n_k / B; at least 1)."""
         if self.local_epochs > 0:
-            return max(1, math.ceil(self.local_epochs * int(self.sizes[rank]) / self.ctx.batch_size - 1e-9))
+            return local_steps(int(self.sizes[rank]), self.local_epochs, self.ctx.batch_size)
         return self.round_len
 
     def select_partitions(self, round_index: int) -> tuple[int, ...]:
-        """Round ``round_index``'s participants, sorted: all, or m drawn uniformly without
-        replacement from a generator seeded by (seed, round) -- identical on every rank."""
-        k, m = self.ctx.world_size, self.num_selected
-        if m == k:
-            return tuple(range(k))
-        rng = np.random.default_rng([self.ctx.seed, round_index, _SELECT_TAG])
-        return tuple(sorted(int(i) for i in rng.choice(k, size=m, replace=False)))
+        """Round ``round_index``'s participants (``select_round``: uniform, seeded by (seed, round))."""
+        return select_round(self.ctx.seed, round_index, self.ctx.world_size, self.num_selected)
 
     def averaging_weights(self, selected: tuple[int, ...]) -> np.ndarray:
         """p_k over the participants: proportional to partition size (McMahan et al.)."""

@@ -84,7 +84,6 @@ import json
 import math
 import statistics
 import sys
-import types
 from dataclasses import dataclass, field
 from functools import reduce
 from pathlib import Path
@@ -352,10 +351,9 @@ def distinct_snapshots(clients: int, m: int, rounds: int, seed: int) -> int:
 
 
 def _select(clients: int, m: int, seed: int, t: int) -> tuple[int, ...]:
-    """Round t's participants, by geodml's own FedAvg.select_partitions (uniform, seeded by (seed, t))."""
-    from geodml.algorithms.fedavg import FedAvg
-    ns = types.SimpleNamespace(ctx=types.SimpleNamespace(world_size=clients, seed=seed), num_selected=m)
-    return FedAvg.select_partitions(ns, t)  # type: ignore[arg-type]
+    """Round t's participants, by geodml's own FedAvg selection (uniform, seeded by (seed, t))."""
+    from geodml.algorithms.fedavg import select_round
+    return select_round(seed, t, clients, m)
 
 
 def eval_images(args: argparse.Namespace, *, steps: int, eval_every: int, m: int, rounds: int, seed: int,
@@ -1257,17 +1255,14 @@ class Rounds:
 
 
 def e1_rounds(sizes: np.ndarray, m: int, seed: int, batch: int, *, until_rounds: int, until_steps: int) -> Rounds:
-    from geodml.algorithms.fedavg import FedAvg
+    from geodml.algorithms.fedavg import local_steps, select_round
     k = len(sizes)
-    ns = types.SimpleNamespace(ctx=types.SimpleNamespace(world_size=k, seed=seed, batch_size=batch), num_selected=m,
-                               sizes=np.asarray(sizes), local_epochs=1.0, round_len=0, selected=())
-    ns.local_steps_of = lambda rank: FedAvg.local_steps_of(ns, rank)  # type: ignore[arg-type]
     ends, work = [0], [0]
     t = 0
     while t < until_rounds or ends[-1] <= until_steps:
-        ns.selected = FedAvg.select_partitions(ns, t)  # type: ignore[arg-type]
-        ends.append(ends[-1] + FedAvg.round_length(ns))  # type: ignore[arg-type]
-        work.append(work[-1] + sum(ns.local_steps_of(r) for r in ns.selected))
+        steps = [local_steps(int(sizes[r]), 1.0, batch) for r in select_round(seed, t, k, m)]
+        ends.append(ends[-1] + max(steps))
+        work.append(work[-1] + sum(steps))
         t += 1
     return Rounds(tuple(ends), tuple(work))
 
