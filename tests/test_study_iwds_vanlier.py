@@ -90,6 +90,47 @@ def test_iwds_quick_plan_and_options(tmp_path):
     assert flag(runs[0].spec.argv, "--alpha") == "0.5"
 
 
+def test_iwds_authors_lda_and_local_epochs_plan(tmp_path):
+    """hetero-ALPHA_D: the authors' LDA (--partition lda --alpha alpha_d, no --lda-scale); --local-epochs E:
+    R rounds of E epochs (--rounds, --local-epochs), validated at every round's end, ids ending in -eE."""
+    _, runs = iwds.prepare(["--algos", "fedavg,fednova", "--settings", "hetero-0.1,llt-0.99", "--local-epochs", "1",
+                            "--seeds", "0", "--out", str(tmp_path / "s")])
+    by = {r.spec.run_id: r for r in runs}
+    assert list(by)[:4] == ["fedavg-uniform-hetero-0.1-e1-s0", "fedavg-iwds-hetero-0.1-e1-s0",
+                            "fedavg-uniform-llt-0.99-e1-s0", "fedavg-iwds-llt-0.99-e1-s0"]
+    nova = by["fednova-iwds-hetero-0.1-e1-s0"]
+    a = nova.spec.argv
+    assert flag(a, "--partition") == "lda" and flag(a, "--alpha") == "0.1" and "--fednova" in a
+    assert flag(a, "--rounds") == "100" and flag(a, "--local-epochs") == "1" and flag(a, "--eval-every-rounds") == "1"
+    assert "--steps" not in a and "--iter-local" not in a and int(flag(a, "--eval-every")) >= 10 ** 9
+    assert nova.setting == "LDA (authors') 0.1"
+    # the default protocol's flags, in the order finished runs were launched with (launch.json)
+    _, runs = iwds.prepare(["--algos", "fedprox", "--settings", "lda-0.1", "--seeds", "0", "--out", str(tmp_path / "t")])
+    assert list(runs[1].spec.argv[20:38]) == [
+        "--steps", "18800", "--iter-local", "188", "--client-fraction", "0.5", "--reset-momentum", "--prox-mu", "0.1",
+        "--iwds", "0.9999,0.8,0.992", "--iwds-mode", "resample", "--eval-every", "188", "--log-every", "188", "--wan"]
+
+
+def test_iwds_local_epochs_curve_counts_validations_as_rounds(tmp_path):
+    """With --local-epochs the rounds differ in length: round r is the r-th validation, not step / L."""
+    argv = ["--budget", "quick", "--algos", "fednova", "--settings", "hetero-0.5", "--seeds", "0", "--rounds", "3",
+            "--local-epochs", "0.5", "--out", str(tmp_path / "s")]
+    args, runs = iwds.prepare(argv)
+    for r in runs:
+        accs = [0.3, 0.5, 0.6] if r.sampler == "uniform" else [0.5, 0.6, 0.62]
+        write_run(r.spec, [(3, None), (5, accs[0]), (9, accs[1]), (12, accs[2])],
+                  {"final_val_accuracy": accs[-1], "final_val_loss": 0.5, "wall_seconds": 1.0})
+    rep = iwds.build_report(args, runs, [RunResult(r.spec, "reused", summary=runner.read_summary(r.spec.out),
+                                                   returncode=0) for r in runs])
+    (cell,) = rep["cells"]
+    assert cell["uniform"]["curve"] == [(1.0, 0.3), (2.0, 0.5), (3.0, 0.6)]
+    # T = 0.9 x 0.62 = 0.558: IWDS at round 2 (0.6), uniform at round 3 (0.6); finals within 1 pp? 2 pp: partly
+    assert cell["iwds"]["rounds_to_target"] == 2 and cell["uniform"]["rounds_to_target"] == 3
+    assert cell["claim"]["paper"] == "IWDS converges faster, similar final accuracy"
+    assert cell["claim"]["verdict"] == "partly: faster, final differs by more than 1 pp"
+    assert "3 rounds of 0.5 local epoch(s)" in iwds.format_markdown(rep)
+
+
 # ---- vanlier: the plan ----------------------------------------------------------------------------
 
 def test_vanlier_full_plan_is_the_thesis_protocol(tmp_path):
@@ -152,6 +193,8 @@ def test_vanlier_quick_plan(tmp_path):
     (iwds, ["--", "--lr", "0.1"], "--lr are set by the study"),
     (iwds, ["--", "--no-such-flag"], "unrecognized arguments"),
     (vanlier, ["--clients", "5"], "--clients must be >= 10"),
+    (iwds, ["--settings", "hetero-0"], "an LDA alpha_d must be > 0"),
+    (iwds, ["--local-epochs", "-1"], "--local-epochs must be >= 0"),
     (vanlier, ["--clients", "70000"], "exceeds the 60000 training examples"),
     (vanlier, ["--client-fraction", "0"], "--client-fraction must be in (0, 1]"),
     (vanlier, ["--entropy-steps", "5,-1"], "distinct integers >= 0"),

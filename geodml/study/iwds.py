@@ -30,7 +30,9 @@ docs/study.md lists them as deviations where the paper is silent or differs):
   clients (unequal sizes). With 10 clients and 10 (equally frequent) classes the per-entry
   concentration is the same when geodml's alpha = 10 x alpha_d, so the study passes
   ``--alpha LDA_SCALE x alpha_d`` (``--lda-scale``, default 10; 1 passes alpha_d unchanged).
-  Client sizes stay equal: a deviation.
+  Client sizes stay equal: a deviation. The settings ``hetero-ALPHA_D`` run the authors' own LDA
+  instead (``--partition lda --alpha alpha_d``: geodml.data.partition documents it), whose client
+  sizes differ.
 * **Algorithms.** FedAvg and FedProx (``--prox-mu``, default 0.1: the same code base's
   ``fedprox_mu``) with ``--reset-momentum`` (a fresh local optimizer each round, as the authors'
   FedML-style trainer), FedNova with ``--fednova`` (it always resets). All with local momentum
@@ -44,6 +46,10 @@ docs/study.md lists them as deviations where the paper is silent or differs):
   of local steps whether counted in steps or epochs: FedNova's normalization then has nothing to
   correct and FedNova equals FedAvg with a reset momentum buffer up to float rounding
   (geodml.algorithms.fednova); its runs measure that, not the paper's FedNova effect.
+  ``--local-epochs E`` (E > 0) gives every participant E epochs of its own data per round instead
+  (ceil(E n_k / batch) steps; geodml ``--local-epochs E --rounds R --eval-every-rounds 1``), so on
+  the ``hetero`` partitions the participants take unequal local steps, the case FedNova
+  normalizes; run ids then end in ``-eE`` and a round's length is its longest participant's.
 * **Final accuracy** of a run: the mean of its last ``--final-rounds`` (full: 10) evaluated rounds
   (``FULL_FINAL_ROUNDS`` says why); the last round alone is reported beside it.
 * **Convergence speed.** Per (algorithm, partition), the target T = ``--target-frac`` (0.9) x the
@@ -80,7 +86,10 @@ ALGO_LABEL = {"fedavg": "FedAvg", "fedprox": "FedProx", "fednova": "FedNova"}
 FIGURE = {"fedavg": "Figure 5, Fashion-MNIST CNN", "fedprox": "Figure 6, CIFAR-10 VGG-9 in the paper",
           "fednova": "Figure 7, CIFAR-10 VGG-9 in the paper"}
 SETTINGS = (("lda", 0.5), ("lda", 0.1), ("llt", 0.9), ("llt", 0.99))
-"""The paper's four partitions: LDA alpha_d 0.5, 0.1; LLT alpha_l 0.9, 0.99."""
+"""The paper's four partitions: LDA alpha_d 0.5, 0.1; LLT alpha_l 0.9, 0.99. (``hetero`` settings: the
+authors' LDA, on request.)"""
+KINDS = ("lda", "hetero", "llt")
+KIND_LABEL = {"lda": "LDA", "hetero": "LDA (authors')", "llt": "LLT"}
 SAMPLERS = ("uniform", "iwds")
 IWDS_PARAMS = (0.9999, 0.8, 0.992)
 """beta_0, beta_m, rho: the first author's code defaults (module docstring); the paper gives none."""
@@ -95,11 +104,13 @@ run have a standard deviation of 0.7-1.6 pp, and one seed's round 100 sat 3.5 pp
 last-10 mean. The paper reads its figures' curves; a single last point is not that."""
 CONTROLLED = ("algo", "out", "dataset", "partition", "alpha", "tail", "client_size", "skew", "shards_per_partition",
               "entropy_steps", "model", "norm", "lr", "momentum", "weight_decay", "batch_size", "steps", "epochs",
-              "iter_local", "local_epochs", "client_fraction", "eval_every", "eval_at", "log_every", "seed", "iwds", "iwds_mode",
+              "iter_local", "local_epochs", "rounds", "eval_every_rounds", "client_fraction", "eval_every", "eval_at",
+              "log_every", "seed", "iwds", "iwds_mode",
               "prox_mu", "fednova", "reset_momentum", "partitions", "fedir", "virtual_client_size", "server_momentum",
               "server_lr", "server_nesterov", "lr_milestones", "lr_schedule", "skewscout")
 """geodml flags (dests) the study sets or that would change what it compares; refused after '--'."""
-PAPER_CLAIM = {"llt": "IWDS converges fastest and ends highest", "lda": "IWDS converges faster, similar final accuracy"}
+PAPER_CLAIM = {"llt": "IWDS converges fastest and ends highest", "lda": "IWDS converges faster, similar final accuracy",
+               "hetero": "IWDS converges faster, similar final accuracy"}
 
 
 # ---- arguments ---------------------------------------------------------------------------------
@@ -119,8 +130,8 @@ def _settings(text: str) -> tuple[tuple[str, float], ...]:
             v = float(value)
         except ValueError:
             v = math.nan
-        if kind not in ("lda", "llt") or not math.isfinite(v):
-            raise argparse.ArgumentTypeError(f"expected settings such as lda-0.5,llt-0.99, got {item!r}")
+        if kind not in KINDS or not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"expected settings such as lda-0.5,hetero-0.1,llt-0.99, got {item!r}")
         out.append((kind, v))
     if not out or len(set(out)) != len(out):
         raise argparse.ArgumentTypeError(f"expected distinct settings such as lda-0.5,llt-0.99, got {text!r}")
@@ -134,7 +145,9 @@ def build_parser() -> common.OneLineParser:
                            "(summary.json) are reused.")
     p.add_argument("--algos", type=_algos, default=ALGOS, help="subset of fedavg,fedprox,fednova")
     p.add_argument("--settings", type=_settings, default=SETTINGS,
-                   help="partitions as lda-ALPHA_D / llt-ALPHA_L (default: the paper's lda-0.5,lda-0.1,llt-0.9,llt-0.99)")
+                   help="partitions as lda-ALPHA_D / hetero-ALPHA_D / llt-ALPHA_L (default: the paper's "
+                        "lda-0.5,lda-0.1,llt-0.9,llt-0.99; lda: Hsu et al.'s split at --lda-scale x alpha_d, equal "
+                        "client sizes; hetero: the authors' own LDA, --partition lda, unequal sizes)")
     p.add_argument("--lda-scale", type=float, default=LDA_SCALE,
                    help="geodml --alpha = this x alpha_d (10: the authors' per-class Dir(alpha_d) over 10 clients; "
                         "1: alpha_d as Hsu et al.'s alpha)")
@@ -143,6 +156,10 @@ def build_parser() -> common.OneLineParser:
     p.add_argument("--prox-mu", type=float, default=PROX_MU, help="FedProx proximal weight mu")
     p.add_argument("--local-steps", type=int, help="local steps per round (default: full one local epoch of an average "
                    f"client, ceil(N_train / ({CLIENTS} x batch)); quick {QUICK_LOCAL_STEPS})")
+    p.add_argument("--local-epochs", type=float, default=0.0,
+                   help="E > 0: every participant trains E epochs of its own data per round (ceil(E n_k / batch) "
+                        "steps, unequal on hetero partitions: what FedNova normalizes) instead of --local-steps; "
+                        "run ids end in -eE (default 0: --local-steps)")
     p.add_argument("--batch-size", type=int, default=BATCH, help="local minibatch size")
     p.add_argument("--target-frac", type=float, default=0.9,
                    help="convergence target: this fraction of the better sampler's mean final accuracy")
@@ -184,10 +201,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
         args.local_steps = QUICK_LOCAL_STEPS if quick else one_epoch
     if args.local_steps < 1:
         raise StudyError(f"--local-steps must be >= 1, got {args.local_steps}")
+    if not (math.isfinite(args.local_epochs) and args.local_epochs >= 0):
+        raise StudyError(f"--local-epochs must be >= 0 (0: --local-steps), got {args.local_epochs}")
     if not (math.isfinite(args.lda_scale) and args.lda_scale > 0):
         raise StudyError(f"--lda-scale must be > 0, got {args.lda_scale}")
     for kind, value in args.settings:
-        if kind == "lda" and not value > 0:
+        if kind in ("lda", "hetero") and not value > 0:
             raise StudyError(f"--settings: an LDA alpha_d must be > 0, got {fmt(value)}")
         if kind == "llt" and not 0 <= value <= 1:
             raise StudyError(f"--settings: an LLT alpha_l is a share in [0, 1], got {fmt(value)}")
@@ -212,7 +231,7 @@ class IwdsRun:
     sampler: str
     """'uniform' or 'iwds'."""
     partition: str
-    """'lda' or 'llt'."""
+    """'lda', 'hetero' or 'llt'."""
     param: float
     """alpha_d (LDA) or alpha_l (LLT), the paper's value."""
     seed: int
@@ -220,16 +239,22 @@ class IwdsRun:
 
     @property
     def setting(self) -> str:
-        return f"{self.partition.upper()} {fmt(self.param)}"
+        return setting_label(self.partition, self.param)
 
     @property
     def config(self) -> tuple[str, str, float]:
         return (self.algo, self.partition, self.param)
 
 
+def setting_label(kind: str, value: float) -> str:
+    return f"{KIND_LABEL[kind]} {fmt(value)}"
+
+
 def partition_flags(args: argparse.Namespace, kind: str, value: float) -> list[str]:
     if kind == "llt":
         return ["--partition", "longtail", "--tail", fmt(value)]
+    if kind == "hetero":
+        return ["--partition", "lda", "--alpha", fmt(value)]
     return ["--partition", "dirichlet", "--alpha", fmt(round(args.lda_scale * value, 12))]
 
 
@@ -241,21 +266,35 @@ def algo_flags(args: argparse.Namespace, algo: str, sampler: str) -> list[str]:
     return flags
 
 
+def length_flags(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """How long a run trains (flags before --client-fraction) and when it is validated (after the
+    algorithm's flags; the order is the launch record that finished runs are reused by): R rounds of
+    --local-steps, validated every round; or with --local-epochs E, R rounds of E local epochs each,
+    validated at every round's end (step-based validation pushed past the run)."""
+    local = str(args.local_steps)
+    if args.local_epochs > 0:
+        return (["--rounds", str(args.rounds), "--local-epochs", fmt(args.local_epochs)],
+                ["--eval-every-rounds", "1", "--eval-every", str(10 ** 9), "--log-every", local])
+    return (["--steps", str(args.rounds * args.local_steps), "--iter-local", local],
+            ["--eval-every", local, "--log-every", local])
+
+
 def plan(args: argparse.Namespace) -> list[IwdsRun]:
     """Every run, seeds outermost (a study cut short has whole seeds), unique run ids."""
-    out, steps, local = Path(args.out), args.rounds * args.local_steps, args.local_steps
+    out = Path(args.out)
+    suffix = f"-e{fmt(args.local_epochs)}" if args.local_epochs > 0 else ""
+    length, validation = length_flags(args)
     runs = []
     for seed in args.seeds:
         for algo in args.algos:
             for kind, value in args.settings:
                 for sampler in SAMPLERS:
-                    rid = f"{algo}-{sampler}-{kind}-{fmt(value)}-s{seed}"
+                    rid = f"{algo}-{sampler}-{kind}-{fmt(value)}{suffix}-s{seed}"
                     argv = ("--algo", "fedavg", "--dataset", args.dataset, *partition_flags(args, kind, value),
                             "--model", "cnn", "--norm", "none", "--batch-size", str(args.batch_size), "--lr", fmt(args.lr),
-                            "--momentum", fmt(MOMENTUM), "--weight-decay", fmt(WEIGHT_DECAY), "--steps", str(steps),
-                            "--iter-local", str(local), "--client-fraction", fmt(CLIENT_FRACTION),
-                            *algo_flags(args, algo, sampler), "--eval-every", str(local), "--log-every", str(local),
-                            "--wan", "off", "--seed", str(seed), *args.geodml_args)
+                            "--momentum", fmt(MOMENTUM), "--weight-decay", fmt(WEIGHT_DECAY), *length,
+                            "--client-fraction", fmt(CLIENT_FRACTION), *algo_flags(args, algo, sampler),
+                            *validation, "--wan", "off", "--seed", str(seed), *args.geodml_args)
                     runs.append(IwdsRun(algo, sampler, kind, value, seed, RunSpec(rid, out / rid, argv, CLIENTS)))
     assert len({r.spec.run_id for r in runs}) == len(runs)
     return runs
@@ -284,7 +323,10 @@ def build_report(args: argparse.Namespace, runs: list[IwdsRun], results: list[Ru
     for run in runs:
         res = by_id[run.spec.run_id]
         s = res.summary if res.succeeded else None
-        curve = [(step / args.local_steps, acc) for step, acc in common.read_curve(run.spec.out)] if s else []
+        points = common.read_curve(run.spec.out) if s else []
+        # round r's validation: at step r x L, or with --local-epochs the r-th (rounds differ in length)
+        curve = ([(float(r), acc) for r, (_, acc) in enumerate(points, 1)] if args.local_epochs > 0 else
+                 [(step / args.local_steps, acc) for step, acc in points])
         last = None if s is None else s.get("final_val_accuracy")
         tail = [a for _, a in curve[-args.final_rounds:]]
         rows.append({"run_id": run.spec.run_id, "algo": run.algo, "sampler": run.sampler, "partition": run.partition,
@@ -309,7 +351,7 @@ def build_report(args: argparse.Namespace, runs: list[IwdsRun], results: list[Ru
                 lm, lsd = mean_sd([r["last_round_accuracy"] for r in ok if r["last_round_accuracy"] is not None])
                 curve = mean_curve([r["curve"] for r in ok if r["curve"]])
                 pair[sampler] = {"algo": algo, "partition": kind, "param": value, "sampler": sampler,
-                                 "setting": f"{kind.upper()} {fmt(value)}", "seeds_ok": len(ok), "seeds": len(mine),
+                                 "setting": setting_label(kind, value), "seeds_ok": len(ok), "seeds": len(mine),
                                  "final_mean": fm, "final_sd": fsd, "last_round_mean": lm, "last_round_sd": lsd,
                                  "curve": curve,
                                  "mean_accuracy": (sum(a for _, a in curve) / len(curve)) if curve else None, "rows": mine}
@@ -328,6 +370,7 @@ def build_report(args: argparse.Namespace, runs: list[IwdsRun], results: list[Ru
     failed = [r["run_id"] for r in rows if r["status"] in ("failed", "timeout")]
     return {"study": NAME, "paper": PAPER_REF, "dataset": args.dataset, "budget": args.budget, "seeds": list(args.seeds),
             "clients": CLIENTS, "client_fraction": CLIENT_FRACTION, "rounds": args.rounds, "local_steps": args.local_steps,
+            "local_epochs": args.local_epochs,
             "batch_size": args.batch_size, "lr": args.lr, "momentum": MOMENTUM, "weight_decay": WEIGHT_DECAY,
             "iwds": list(args.iwds), "prox_mu": args.prox_mu, "lda_scale": args.lda_scale, "target_frac": args.target_frac,
             "similar_pp": args.similar_pp, "final_rounds": args.final_rounds, "geodml_args": list(args.geodml_args),
@@ -361,7 +404,7 @@ def claim(args: argparse.Namespace, kind: str, pair: dict) -> dict:
         evidence += (f"; the last round alone: IWDS {pm(i['last_round_mean'], i['last_round_sd'])} vs uniform "
                      f"{pm(u['last_round_mean'], u['last_round_sd'])} "
                      f"({100 * (i['last_round_mean'] - u['last_round_mean']):+.1f} pp)")
-    if kind == "llt":
+    if kind == "llt":  # lda and hetero: the LDA claim
         higher = diff > 0
         verdict = ("supported" if faster and higher else "not supported" if not faster and not higher
                    else "partly: faster, not higher" if faster else "partly: higher, not faster")
@@ -378,14 +421,22 @@ def _r(v) -> str:
     return "-" if v is None else fmt(v)
 
 
+def _local_work(rep: dict) -> str:
+    epochs = rep.get("local_epochs") or 0
+    if epochs > 0:
+        return f"{fmt(epochs)} local epoch(s) (ceil({fmt(epochs)} n_k / batch) steps per participant) of"
+    return f"{rep['local_steps']} steps of"
+
+
 def format_markdown(rep: dict) -> str:
     b0, bm, rho = rep["iwds"]
     lines = [f"# iwds: {rep['paper']} on {rep['dataset']}, CNN, {rep['clients']} clients "
              f"({round(rep['client_fraction'] * rep['clients'])} per round), budget {rep['budget']}", "",
-             f"Protocol: {rep['rounds']} rounds of {rep['local_steps']} local momentum-SGD steps (batch {rep['batch_size']}, "
+             f"Protocol: {rep['rounds']} rounds of {_local_work(rep)} local momentum SGD (batch {rep['batch_size']}, "
              f"lr {rep['lr']:g}, momentum {rep['momentum']:g}, weight decay {rep['weight_decay']:g}); IWDS = resampling with "
              f"p(k,i) ~ w_(k,i,t), beta0 {fmt(b0)}, beta_m {fmt(bm)}, rho {fmt(rho)} per round; FedProx mu "
-             f"{fmt(rep['prox_mu'])}; LDA alpha_d as geodml --alpha {fmt(rep['lda_scale'])} x alpha_d; seeds "
+             f"{fmt(rep['prox_mu'])}; LDA alpha_d as geodml --alpha {fmt(rep['lda_scale'])} x alpha_d (LDA (authors'): "
+             f"--partition lda --alpha alpha_d); seeds "
              f"{', '.join(map(str, rep['seeds']))}. Accuracy: the global model on the whole test set after every round, "
              f"mean +- sd over seeds; a run's final accuracy is the mean of its last {rep['final_rounds']} round(s).", "",
              f"Convergence: T = {fmt(rep['target_frac'])} x the better sampler's mean final accuracy (per algorithm and "
