@@ -360,6 +360,9 @@ class AlgoConfig:
                f"--eval-every-rounds must be an integer >= 0 (0: off), got {self.eval_every_rounds!r}")
         _check(self.eval_every_rounds == 0 or self.rounds is not None,
                "--eval-every-rounds counts the rounds of a --rounds run; give --rounds too (or --eval-every in steps)")
+        _check(self.rounds is None or self.eval_every_rounds <= self.rounds,
+               f"--eval-every-rounds {self.eval_every_rounds} is more than the run's --rounds {self.rounds}: it would "
+               f"never validate before the end; choose 1 to {self.rounds}")
 
 
 @dataclass(kw_only=True)

@@ -55,8 +55,13 @@ def test_a_rounds_run_ends_on_its_last_average_and_equals_the_run_in_steps(tmp_p
     assert summary["steps"] == ends[-1]
     lines = _lines(out)
     assert [x["step"] for x in lines if "val_accuracy" in x] == ends  # one validation per round, at its end
-    assert lines[-1]["fedavg_round"] == 3.0                        # three averages
-    assert [x["fedavg_round"] for x in lines if x["step"] == ends[0]] == [1.0]
+    # what FedAvg itself did, logged after every step: round t (0-based) runs steps ends[t-1]+1 .. ends[t], its
+    # length as drawn, and the average at ends[t] moves it to round t+1 (the last one sets no round up)
+    assert [x["step"] for x in lines] == list(range(1, ends[-1] + 1))
+    for x in lines:
+        done = sum(e <= x["step"] for e in ends)
+        assert x["fedavg_round"] == done, x["step"]
+        assert x["fedavg_round_steps"] == lengths[min(done, 2)], x["step"]
 
     steps = tmp_path / "steps"
     assert main([*ARGV, "--steps", str(ends[-1]), "--eval-at", ",".join(map(str, ends[:-1])), "--out", str(steps)]) == 0
@@ -71,6 +76,7 @@ def test_a_rounds_run_ends_on_its_last_average_and_equals_the_run_in_steps(tmp_p
     (lambda: AlgoConfig(algo="fedavg", rounds=2.5), "--rounds must be an integer >= 1"),
     (lambda: AlgoConfig(algo="fedavg", eval_every_rounds=-1), "--eval-every-rounds must be an integer >= 0"),
     (lambda: AlgoConfig(algo="fedavg", eval_every_rounds=2), "give --rounds too"),
+    (lambda: AlgoConfig(algo="fedavg", rounds=3, eval_every_rounds=4), "more than the run's --rounds 3"),
     (lambda: RunConfig(algo=AlgoConfig(algo="gaia", rounds=3)), "--algo gaia has none"),
     (lambda: RunConfig(algo=AlgoConfig(algo="fedavg", rounds=3), optim=OptimConfig(steps=10)),
      "--rounds and --steps both set the training length"),

@@ -172,7 +172,7 @@ after each of these rounds too (``--eval-at``), which costs FULL_FINAL_ROUNDS - 
 CONTROLLED = ("algo", "out", "dataset", "partition", "alpha", "client_size", "size_zipf", "model", "lr", "steps",
               "epochs", "batch_size", "momentum", "weight_decay", "seed", "client_fraction", "iter_local",
               "local_epochs", "server_momentum", "server_lr", "server_nesterov", "fedir", "virtual_client_size",
-              "eval_every", "eval_at", "log_every", "partitions", "partition_eval_examples")
+              "eval_every", "eval_at", "log_every", "partitions", "partition_eval_examples", "rounds", "eval_every_rounds")
 
 
 @dataclass(frozen=True)

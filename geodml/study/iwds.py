@@ -42,8 +42,8 @@ docs/study.md lists them as deviations where the paper is silent or differs):
 * **Rounds.** ``--rounds`` (full 100) rounds of ``--local-steps`` (full: one local epoch of an
   average client, ceil(N_train / (10 x batch)) = 188 on Fashion-MNIST) steps, evaluated on the
   whole test set after every round (``--eval-every`` = the round). The paper gives neither.
-  Every partition here has (nearly) 6,000 examples, so every participant takes the same number
-  of local steps whether counted in steps or epochs: FedNova's normalization then has nothing to
+  Every partition of the default settings has (nearly) 6,000 examples, so every participant takes
+  the same number of local steps whether counted in steps or epochs: FedNova's normalization then has nothing to
   correct and FedNova equals FedAvg with a reset momentum buffer up to float rounding
   (geodml.algorithms.fednova); its runs measure that, not the paper's FedNova effect.
   ``--local-epochs E`` (E > 0) gives every participant E epochs of its own data per round instead
@@ -155,7 +155,8 @@ def build_parser() -> common.OneLineParser:
                    help="IWDS beta0,beta_m,rho (the first author's code defaults; the paper gives none)")
     p.add_argument("--prox-mu", type=float, default=PROX_MU, help="FedProx proximal weight mu")
     p.add_argument("--local-steps", type=int, help="local steps per round (default: full one local epoch of an average "
-                   f"client, ceil(N_train / ({CLIENTS} x batch)); quick {QUICK_LOCAL_STEPS})")
+                   f"client, ceil(N_train / ({CLIENTS} x batch)); quick {QUICK_LOCAL_STEPS}); with --local-epochs only "
+                   "the metrics' log interval")
     p.add_argument("--local-epochs", type=float, default=0.0,
                    help="E > 0: every participant trains E epochs of its own data per round (ceil(E n_k / batch) "
                         "steps, unequal on hetero partitions: what FedNova normalizes) instead of --local-steps; "
@@ -572,7 +573,8 @@ def main(argv: list[str] | None = None, *, launcher: Launcher = torchrun_launche
     except StudyError as exc:
         print(f"geodml.study {NAME}: error: {exc}", file=sys.stderr)
         return 2
+    work = (f"{fmt(args.local_epochs)} local epoch(s)" if args.local_epochs > 0 else f"{args.local_steps} local steps")
     print(f"{NAME} study ({PAPER_REF}): {len(runs)} runs on {args.dataset}, {CLIENTS} clients, {args.rounds} rounds of "
-          f"{args.local_steps} local steps, seeds {','.join(map(str, args.seeds))}, into {args.out}", flush=True)
+          f"{work}, seeds {','.join(map(str, args.seeds))}, into {args.out}", flush=True)
     return common.run_and_report(NAME, args, [r.spec for r in runs], launcher,
                                  lambda results: build_report(args, runs, results), write_outputs)

@@ -51,7 +51,7 @@ THETA_FLAGS = {"t0": "--t0", "iter_local": "--iter-local", "e_warm": "--e-warm"}
 ALGO_LABEL = {"gaia": "Gaia", "fedavg": "FedAvg", "dgc": "DGC"}
 # geodml flag dests the study sets itself, so they may not appear after "--"
 CONTROLLED = ("algo", "out", "dataset", "partition", "skew", "alpha", "shards_per_partition", "skewscout",
-              "t0", "iter_local", "e_warm", "partition_eval_examples")
+              "t0", "iter_local", "e_warm", "partition_eval_examples", "rounds", "eval_every_rounds")
 EPS = 1e-12
 
 

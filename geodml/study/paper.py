@@ -115,7 +115,7 @@ def model_label(model: str, norm: str) -> str:
 CONTROLLED = ("algo", "out", "dataset", "partition", "skew", "alpha", "shards_per_partition", "skewscout", "t0",
               "iter_local", "e_warm", "lr", "epochs", "steps", "model", "norm", "lr_milestones", "eval_every", "eval_at",
               "server_momentum", "server_lr", "seed", "gn_groups", "gn_group_size",
-              "partition_eval_examples")  # accuracy is the partitions' own, on the whole test set
+              "partition_eval_examples", "rounds", "eval_every_rounds")  # accuracy is the partitions' own, on the whole test set
 EPS = 1e-12
 
 # The paper's CIFAR-10 LeNet top-1 accuracy in percent, (IID, 100% non-IID), from Tables 6-8 (whose

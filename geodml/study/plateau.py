@@ -51,7 +51,7 @@ LEARNED = 0.2
 """A budget counts only when its mean validation accuracy reaches this (twice chance on geodml's 10-class
 datasets): a network that has not started to learn also "stops improving"."""
 CONTROLLED = ("algo", "out", "dataset", "partition", "model", "norm", "lr", "epochs", "steps", "lr_milestones",
-              "eval_every", "eval_at", "seed", "batch_size", "partition_eval_examples")
+              "eval_every", "eval_at", "seed", "batch_size", "partition_eval_examples", "rounds", "eval_every_rounds")
 
 
 @dataclass(frozen=True)

@@ -81,7 +81,7 @@ CONTROLLED = ("algo", "out", "dataset", "partition", "alpha", "tail", "client_si
               "entropy_steps", "model", "norm", "lr", "momentum", "weight_decay", "batch_size", "steps", "epochs",
               "iter_local", "local_epochs", "client_fraction", "eval_every", "eval_at", "log_every", "seed", "iwds", "iwds_mode",
               "prox_mu", "fednova", "reset_momentum", "partitions", "fedir", "virtual_client_size", "server_momentum",
-              "server_lr", "server_nesterov", "lr_milestones", "lr_schedule", "skewscout")
+              "server_lr", "server_nesterov", "lr_milestones", "lr_schedule", "skewscout", "rounds", "eval_every_rounds")
 PAPER_CLAIM = {
     "low": "lower scores at low entropy; the score correlates with the distribution (Section 3.2, Figure 3.4)",
     "d0": "lowest score, yet above the majority-class base classifier (Chapter 4, Figure 3.4)",
