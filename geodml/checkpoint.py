@@ -20,11 +20,14 @@ uninterrupted run's bit for bit (tests/test_checkpoint.py).
 Files are read with ``torch.load(weights_only=True)``: a checkpoint holds tensors and plain
 Python values only. A corrupt file, one from another run (different flags that change the
 training, world size, rank or topology) or an unknown format raises ``ValueError`` naming the
-file and the difference -- checked on every rank before any process group is created.
+file and the difference -- checked on every rank before any process group is created. A
+setting the checkpoint's fingerprint lacks (it was written by a geodml older than the setting)
+is taken to have had its default, so the checkpoint resumes a run that leaves it at the default.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -78,6 +81,12 @@ def fingerprint(cfg: RunConfig, world_size: int) -> dict[str, Any]:
     return fp
 
 
+@functools.cache
+def _defaults() -> dict[str, Any]:
+    """The fingerprint of every setting at its default (what a checkpoint older than a setting ran with)."""
+    return fingerprint(RunConfig(), 0)
+
+
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return True
@@ -120,6 +129,15 @@ def validate(data: dict, path: Path, *, rank: int, step: int | None, fp: dict[st
         raise ValueError(f"checkpoint {path} holds step {data['step']}, but its name says step {step}")
     saved = data["fingerprint"]
     for key in sorted(set(saved) | set(fp)):
+        if key not in saved and key in fp:
+            # Written by a geodml before this setting existed, so that run had the setting's default.
+            default = _defaults().get(key)
+            if _same(fp[key], default):
+                continue
+            flag = "--" + key.split(".")[-1].replace("_", "-")
+            raise ValueError(f"checkpoint {path} was written before {key} existed, so with its default "
+                             f"{default!r}, but this run has {key}={fp[key]!r}; resume with {flag} at its "
+                             "default or choose another --out")
         if not _same(saved.get(key), fp.get(key)):
             flag = "--" + key.split(".")[-1].replace("_", "-") if key != "world_size" else "the number of processes"
             raise ValueError(f"checkpoint {path} was written with {key}={saved.get(key)!r} but this run has "

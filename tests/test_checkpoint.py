@@ -61,6 +61,25 @@ def test_corrupt_and_mismatched_files_are_clear_value_errors(tmp_path):
         ck.find_resume_step(tmp_path, 2, FP)
 
 
+def test_a_checkpoint_older_than_a_setting_resumes_at_its_default(tmp_path):
+    """A fingerprint without a key (written before the setting existed) ran with the setting's default."""
+    plain = ck.fingerprint(parse_config(["--algo", "fedavg"]), 2)
+    assert plain["algo.rounds"] is None and plain["algo.eval_every_rounds"] == 0   # the defaults
+    old = {k: v for k, v in plain.items() if k not in ("algo.rounds", "algo.eval_every_rounds")}
+    for r in (0, 1):
+        _fake(ck.checkpoint_path(tmp_path, r, 10), r, 10, fp=old)
+    assert ck.find_resume_step(tmp_path, 2, plain) == 10
+    later = ck.fingerprint(parse_config(["--algo", "fedavg", "--rounds", "3"]), 2)
+    with pytest.raises(ValueError, match=r"written before algo.rounds existed, so with its default None, but this "
+                                         r"run has algo.rounds=3; resume with --rounds at its default"):
+        ck.find_resume_step(tmp_path, 2, later)
+    newer = {**plain, "algo.knob_from_the_future": 1}   # a key the checkpoint has and this geodml lacks: refused
+    for r in (0, 1):
+        _fake(ck.checkpoint_path(tmp_path, r, 10), r, 10, fp=newer)
+    with pytest.raises(ValueError, match=r"algo.knob_from_the_future=1 but this run has algo.knob_from_the_future=None"):
+        ck.find_resume_step(tmp_path, 2, plain)
+
+
 def test_truncate_metrics_keeps_lines_up_to_the_step(tmp_path):
     m = tmp_path / "metrics.jsonl"
     m.write_text('{"step": 5}\n{"step": 10}\n{"step": 15}\n{"step": 2')
