@@ -103,7 +103,7 @@ def round_steps(sizes: np.ndarray, *, rounds: int, seed: int, client_fraction: f
     each; FedVC ceil(N_VC / B) each; with --local-epochs the longest participant's local steps of each
     round, from the partition ``sizes`` and the seeded client draw (what ``--rounds`` sums)."""
     if virtual_client_size > 0:
-        return [math.ceil(virtual_client_size / batch_size)] * rounds   # FedVC's round_length
+        return [local_steps(virtual_client_size, 1.0, batch_size)] * rounds   # FedVC's round_length
     if local_epochs <= 0:
         return [int(iter_local)] * rounds
     k = len(sizes)

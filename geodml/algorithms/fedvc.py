@@ -23,14 +23,13 @@ every rank.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 import torch
 
 from geodml.algorithms.base import BatchSource
-from geodml.algorithms.fedavg import ITER_LOCAL, FedAvg, num_participants
+from geodml.algorithms.fedavg import ITER_LOCAL, FedAvg, local_steps, num_participants
 from geodml.algorithms.knob import KnobSpec
 
 _SELECT_TAG = 0xFEDB
@@ -80,7 +79,7 @@ class FedVC(FedAvg):
 
     def _set_size(self, n_vc: int) -> None:
         self.virtual_client_size = n_vc
-        self.vc_steps = math.ceil(n_vc / self.batch)
+        self.vc_steps = local_steps(n_vc, 1.0, self.batch)   # ceil(N_VC / B), one epoch of the virtual client
         self.vc_idx = np.empty(self.vc_steps * self.batch, dtype=np.int64)   # one round's minibatches
 
     # ---- round structure ---------------------------------------------------------------------
