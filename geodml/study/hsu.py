@@ -344,16 +344,12 @@ def distinct_snapshots(clients: int, m: int, rounds: int, seed: int) -> int:
     """How many different models the partitions hold at the end (each the global model of the round after its
     last participation, or the initial one): the final per-partition evaluations geodml makes (an estimate for
     FedVC's size-proportional selection, exact for uniform selection on one process)."""
+    from geodml.algorithms.fedavg import select_round  # geodml's own seeded draw (lazy: --help stays light)
+
     last = np.full(clients, -1)
     for t in range(rounds):
-        last[list(_select(clients, m, seed, t))] = t
+        last[list(select_round(seed, t, clients, m))] = t
     return len(set(last.tolist()))
-
-
-def _select(clients: int, m: int, seed: int, t: int) -> tuple[int, ...]:
-    """Round t's participants, by geodml's own FedAvg selection (uniform, seeded by (seed, t))."""
-    from geodml.algorithms.fedavg import select_round
-    return select_round(seed, t, clients, m)
 
 
 def eval_images(args: argparse.Namespace, *, steps: int, eval_every: int, m: int, rounds: int, seed: int,
