@@ -136,6 +136,8 @@ def parse_config(argv: list[str] | None = None, *, warn: Callable[[str], object]
     unused = ignored_norm_settings(values, norm)
     if unused and warn is not None:
         warn(f"geodml: warning: {', '.join(unused)} has no effect with --norm {norm}")
+    if values.get("rounds") is not None and "epochs" in values and warn is not None:
+        warn("geodml: warning: --epochs has no effect with --rounds (the rounds set the training length)")
     kwargs: dict[str | None, dict[str, Any]] = {}
     for dest, value in values.items():
         o = OPTION_OF[dest]

@@ -255,6 +255,17 @@ def test_warns_about_options_the_algorithm_ignores(tmp_path):
     said.clear()
     parse_config(["--algo", "dgc", "--sparsity", "0.99", "--clip-norm", "1"], warn=said.append)
     assert said == []
+    cfg = parse_config(["--algo", "fedavg", "--epochs", "5", "--rounds", "3"], warn=said.append)
+    assert said == ["geodml: warning: --epochs has no effect with --rounds (the rounds set the training length)"]
+    assert cfg.algo.rounds == 3
+    said.clear()
+    parse_config(["--config", str(_toml(tmp_path, "epochs = 5\n")), "--algo", "fedavg", "--rounds", "3"],
+                 warn=said.append)
+    assert len(said) == 1
+    said.clear()
+    parse_config(["--algo", "fedavg", "--rounds", "3"], warn=said.append)   # the default --epochs: no warning
+    parse_config(["--algo", "fedavg", "--epochs", "5"], warn=said.append)
+    assert said == []
 
 
 def test_registries_are_defined_once_and_agree():
