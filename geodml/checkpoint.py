@@ -129,19 +129,17 @@ def validate(data: dict, path: Path, *, rank: int, step: int | None, fp: dict[st
         raise ValueError(f"checkpoint {path} holds step {data['step']}, but its name says step {step}")
     saved = data["fingerprint"]
     for key in sorted(set(saved) | set(fp)):
-        if key not in saved and key in fp:
-            # Written by a geodml before this setting existed, so that run had the setting's default.
-            default = _defaults().get(key)
-            if _same(fp[key], default):
-                continue
-            flag = "--" + key.split(".")[-1].replace("_", "-")
-            raise ValueError(f"checkpoint {path} was written before {key} existed, so with its default "
-                             f"{default!r}, but this run has {key}={fp[key]!r}; resume with {flag} at its "
-                             "default or choose another --out")
-        if not _same(saved.get(key), fp.get(key)):
-            flag = "--" + key.split(".")[-1].replace("_", "-") if key != "world_size" else "the number of processes"
-            raise ValueError(f"checkpoint {path} was written with {key}={saved.get(key)!r} but this run has "
-                             f"{key}={fp.get(key)!r}; resume with the same {flag} or choose another --out")
+        older = key not in saved   # written by a geodml before this setting existed: that run had its default
+        was = _defaults().get(key) if older else saved[key]
+        if _same(was, fp.get(key)):
+            continue
+        flag = "--" + key.split(".")[-1].replace("_", "-") if key != "world_size" else "the number of processes"
+        if older:
+            raise ValueError(f"checkpoint {path} was written before {key} existed, so with its default {was!r}, "
+                             f"but this run has {key}={fp[key]!r}; resume with {flag} at its default or choose "
+                             "another --out")
+        raise ValueError(f"checkpoint {path} was written with {key}={was!r} but this run has "
+                         f"{key}={fp.get(key)!r}; resume with the same {flag} or choose another --out")
 
 
 def restarting() -> bool:
