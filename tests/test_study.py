@@ -369,9 +369,17 @@ def test_quick_noniid_study_runs_and_resumes(tmp_path, capsys):
 
 
 def test_progress_eta():
-    assert runner.eta_text([60.0, 120.0], 4, 1) == ", 4 left, ~6 min to go"  # mean 90 s x 4 runs
-    assert runner.eta_text([60.0, 120.0], 3, 2) == ", 3 left, ~3 min to go"  # 2 at a time: ceil(3/2) = 2 rounds
-    assert runner.eta_text([60.0], 0, 1) == "" and runner.eta_text([], 2, 1) == ""
+    assert runner.eta_text([60.0, 120.0], [], 4, 1) == ", 4 left, ~6 min to go"  # mean 90 s x 4 runs
+    assert runner.eta_text([60.0, 120.0], [], 3, 2) == ", 3 left, ~3 min to go"  # 2 at a time: 90 + 90 s
+    assert runner.eta_text([60.0], [], 0, 1) == "" and runner.eta_text([], [30.0], 2, 2) == ""
+    # the case that misled: 3 runs of ~3,440 s started together; when the first ends the other two are as
+    # far in (it said "~57 min to go" with 33 s left)
+    assert runner.eta_text([3440.0], [3440.0, 3440.0], 0, 3) == ", 2 left, under a minute to go"
+    # running runs count what they have done: mean 600 s; slots free after 600-540 = 60 s and 600-120 = 480 s;
+    # 2 pending take the slot free at 60 s (-> 660 s) and then the one free at 480 s (-> 1,080 s = 18 min)
+    assert runner.eta_text([600.0], [540.0, 120.0], 2, 2) == ", 4 left, ~18 min to go"
+    # a free slot beside a running run: the pending run starts at once (600 s), the running one ends at 300 s
+    assert runner.eta_text([600.0], [300.0], 1, 2) == ", 2 left, ~10 min to go"
 
 
 def test_skewscout_report_from_reused_runs(tmp_path, capsys):

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import fcntl
+import heapq
 import json
 import math
 import os
@@ -360,12 +361,22 @@ def _indent(text: str) -> str:
     return "\n".join("    " + line for line in text.splitlines())
 
 
-def eta_text(durations: list[float], remaining: int, jobs: int) -> str:
-    """', N left, ~M min to go' from the mean duration of the runs finished so far (empty when none is left)."""
+def eta_text(durations: list[float], running_s: list[float], pending: int, jobs: int) -> str:
+    """', N left, ~M min to go' (empty when none is left or none has finished yet). Every run is taken to
+    last the mean of ``durations`` (the runs finished so far): a running run ``running_s[j]`` seconds in
+    frees its slot after what is left of that mean (at once when it has run longer), and the ``pending``
+    runs fill whichever of the ``jobs`` slots frees first."""
+    remaining = len(running_s) + pending
     if remaining <= 0 or not durations:
         return ""
+    assert len(running_s) <= jobs, (running_s, jobs)
     mean_s = sum(durations) / len(durations)
-    return f", {remaining} left, ~{mean_s * math.ceil(remaining / jobs) / 60:.0f} min to go"
+    free_at = [max(mean_s - s, 0.0) for s in running_s] + [0.0] * (jobs - len(running_s))
+    heapq.heapify(free_at)
+    for _ in range(pending):
+        heapq.heappush(free_at, heapq.heappop(free_at) + mean_s)
+    left_min = max(free_at) / 60
+    return f", {remaining} left, " + (f"~{left_min:.0f} min to go" if left_min >= 0.5 else "under a minute to go")
 
 
 def run_all(specs: list[RunSpec], *, jobs: int = 1, timeout_s: float = 1800.0, launcher: Launcher = torchrun_launcher,
@@ -456,7 +467,7 @@ def run_all(specs: list[RunSpec], *, jobs: int = 1, timeout_s: float = 1800.0, l
                 word = "done" if res.succeeded else res.status.upper()
                 durations.append(res.elapsed_s)
                 log(f"[{lv.index + 1}/{n}] {word} {lv.spec.run_id} in {res.elapsed_s:.1f} s "
-                    f"(study time {time.monotonic() - t0:.1f} s{eta_text(durations, len(pending) + len(live), jobs)}): "
+                    f"(study time {time.monotonic() - t0:.1f} s{eta_text(durations, [time.monotonic() - lv.started for lv in live], len(pending), jobs)}): "
                     f"{describe(res)}")
     except BaseException:
         for lv in live:
