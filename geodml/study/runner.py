@@ -466,9 +466,9 @@ def run_all(specs: list[RunSpec], *, jobs: int = 1, timeout_s: float = 1800.0, l
                     on_result(res)
                 word = "done" if res.succeeded else res.status.upper()
                 durations.append(res.elapsed_s)
+                eta = eta_text(durations, [time.monotonic() - other.started for other in live], len(pending), jobs)
                 log(f"[{lv.index + 1}/{n}] {word} {lv.spec.run_id} in {res.elapsed_s:.1f} s "
-                    f"(study time {time.monotonic() - t0:.1f} s{eta_text(durations, [time.monotonic() - lv.started for lv in live], len(pending), jobs)}): "
-                    f"{describe(res)}")
+                    f"(study time {time.monotonic() - t0:.1f} s{eta}): {describe(res)}")
     except BaseException:
         for lv in live:
             log(f"stopping {lv.spec.run_id} (pid {lv.proc.pid})")
