@@ -331,6 +331,14 @@ def test_iwds_report_by_hand(tmp_path, capsys):
     with open(tmp_path / "s" / "iwds_cells.csv") as f:
         cells = list(csv.DictReader(f))
     assert [c["sampler"] for c in cells] == ["uniform", "iwds", "uniform", "iwds"] and cells[1]["verdict"] == "supported"
+    with open(tmp_path / "s" / "iwds_curves.csv") as f:
+        points = list(csv.DictReader(f))
+    # 8 runs x 4 evaluated rounds (the log line without an evaluation is not a round)
+    assert len(points) == 32
+    mine = [p for p in points if p["run_id"] == "fedavg-iwds-llt-0.9-s1"]
+    assert [(p["round"], float(p["val_accuracy"])) for p in mine] == [("1", 0.4), ("2", 0.6), ("3", 0.68), ("4", 0.72)]
+    assert (mine[0]["algo"], mine[0]["sampler"], mine[0]["partition"], mine[0]["param"], mine[0]["seed"]) == (
+        "fedavg", "iwds", "llt", "0.9", "1")
     for png in ("curves.png", "final.png"):
         assert (tmp_path / "s" / png).read_bytes()[:8] == PNG
 

@@ -485,8 +485,14 @@ CELL_FIELDS = ("algo", "partition", "param", "sampler", "seeds_ok", "seeds", "fi
                "target", "rounds_to_target", "rounds_mean", "rounds_sd", "seeds_reached", "paper", "verdict")
 
 
+CURVE_FIELDS = ("run_id", "algo", "sampler", "partition", "param", "seed", "round", "val_accuracy")
+
+
 def write_csvs(rep: dict, out: Path) -> list[Path]:
-    runs_csv, cells_csv = out / f"{NAME}.csv", out / f"{NAME}_cells.csv"
+    """NAME.csv (one row per run), NAME_cells.csv (one per cell and sampler) and NAME_curves.csv
+    (one per run and evaluated round: every curve the report rests on, so that a write-up can be
+    rechecked without the run directories)."""
+    runs_csv, cells_csv, curves_csv = out / f"{NAME}.csv", out / f"{NAME}_cells.csv", out / f"{NAME}_curves.csv"
     with open(runs_csv, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=RUN_FIELDS, extrasaction="ignore")
         w.writeheader()
@@ -498,7 +504,13 @@ def write_csvs(rep: dict, out: Path) -> list[Path]:
             for sampler in SAMPLERS:
                 row = {**c[sampler], "paper": c["claim"]["paper"], "verdict": c["claim"]["verdict"]}
                 w.writerow({k: ("" if row.get(k) is None else row[k]) for k in CELL_FIELDS})
-    return [runs_csv, cells_csv]
+    with open(curves_csv, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(CURVE_FIELDS)
+        for r in rep["rows"]:
+            for rnd, acc in r["curve"]:
+                w.writerow([*(r[k] for k in CURVE_FIELDS[:6]), fmt(rnd), acc])
+    return [runs_csv, cells_csv, curves_csv]
 
 
 def write_plots(rep: dict, out: Path) -> list[Path]:
