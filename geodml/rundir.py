@@ -181,6 +181,8 @@ def make_summary(cfg: RunConfig, *, world_size: int, result: Mapping[str, Any], 
     total_bytes = totals["wan_bytes_total"]
     return {
         "algo": cfg.algo.algo,
+        # the algorithm as built: --algo fedavg with --prox-mu and --server-momentum is "fedprox+fedavgm"
+        "algo_variant": algo.name,
         "final_val_accuracy": final["val_accuracy"],
         "final_model": "global" if algo.models_agree or algo.global_model_rank is not None else "average_of_weights",
         "per_rank_val_accuracy": result["per_rank_val_accuracy"],

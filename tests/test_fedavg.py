@@ -592,7 +592,7 @@ def test_torchrun_fedavg_identical_models_ring_bytes_and_diagnostic(tmp_path):
                          "--log-every", "5", "--out", str(out)], timeout_s=180)
     assert r.returncode == 0, r.stderr[-3000:]
     s = json.loads((out / "summary.json").read_text())
-    assert s["steps"] == 12 and s["final_model"] == "global"
+    assert s["steps"] == 12 and s["final_model"] == "global" and (s["algo"], s["algo_variant"]) == ("fedavg", "fedavg")
     assert s["wan_bytes_by_kind"] == {"model": 3 * 2 * 2 * NUMEL * 4}
     # BSP would all-reduce the same 188,810 float32 at each of the 12 steps instead of 3 times: 4.0x
     assert s["bsp_equivalent_wan_bytes"] == 12 * 2 * 2 * NUMEL * 4 and s["wan_savings_vs_bsp"] == 4.0

@@ -105,6 +105,7 @@ def _pool_equals_threads(argv, tmp_path):
     assert main([*argv, "--engine", "pool", "--out", str(tmp_path / "pool")]) == 0
     assert json.loads((tmp_path / "pool" / "config.json").read_text())["engine"] == "pool"
     _same_run(tmp_path / "threads", tmp_path / "pool")
+    return {e: json.loads((tmp_path / e / "summary.json").read_text()) for e in ("threads", "pool")}
 
 
 def _two_processes_equal_one(argv, tmp_path, monkeypatch):
@@ -121,7 +122,10 @@ def _two_processes_equal_one(argv, tmp_path, monkeypatch):
 @pytest.mark.integration
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_pool_equals_threads_bit_for_bit(name, tmp_path):
-    _pool_equals_threads([*BASE, *CONFIGS[name]], tmp_path)
+    summaries = _pool_equals_threads([*BASE, *CONFIGS[name]], tmp_path)
+    # summary.json names the variants the flags built, in both engines (algo stays --algo's value)
+    variant = {"sampled-fedavgm-fedprox": "fedprox+fedavgm"}.get(name, "fedavg")
+    assert [(s["algo"], s["algo_variant"]) for s in summaries.values()] == [("fedavg", variant)] * 2
 
 
 @pytest.mark.integration
@@ -130,6 +134,7 @@ def test_gaia_and_dgc_pools_equal_threads_bit_for_bit(name, tmp_path):
     _pool_equals_threads([*EVERY_STEP_BASE, *EVERY_STEP_CONFIGS[name]], tmp_path)
     s = json.loads((tmp_path / "pool" / "summary.json").read_text())
     gaia = name.startswith("gaia")
+    assert s["algo_variant"] == s["algo"] == ("gaia" if gaia else "dgc")
     assert s["final_model"] == ("average_of_weights" if gaia else "global")
     assert s["per_rank_val_examples"] is None  # no --partition-eval-examples: the whole test set
     assert s["wan_bytes_by_kind"]["update" if gaia else "gradient"] > 0 and s["wan_messages_total"] == 30 * 6 * 5
