@@ -53,6 +53,7 @@ def test_a_rounds_run_ends_on_its_last_average_and_equals_the_run_in_steps(tmp_p
     ends = np.cumsum(lengths).tolist()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == ends[-1]
+    assert summary["theta_name"] is None and summary["theta_final"] is None  # Iter_Local is no knob with --local-epochs
     lines = _lines(out)
     assert [x["step"] for x in lines if "val_accuracy" in x] == ends  # one validation per round, at its end
     # what FedAvg itself did, logged after every step: round t (0-based) runs steps ends[t-1]+1 .. ends[t], its

@@ -157,7 +157,9 @@ class FedAvg(Algorithm):
         self.last_delta = float("nan")
         self._delta_sum = 0.0
         self._delta_n = 0
-        self.knob = self.knob_spec().bind(get=self._get_knob, set=self._set_knob)
+        # with --local-epochs a round's length comes from the participants' data, so Iter_Local is no
+        # knob (RunConfig refuses --skewscout there; the summary's theta_final is null, not Iter_Local)
+        self.knob = None if self.local_epochs > 0 else self.knob_spec().bind(get=self._get_knob, set=self._set_knob)
         self._begin_round()
 
     # ---- round structure (overridden by FedVC) -------------------------------------------
