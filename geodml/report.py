@@ -105,7 +105,7 @@ def load_run(path: str | Path) -> Run:
             if isinstance(rec.get("val_accuracy"), (int, float)) and "wan_bytes_total" in rec:
                 evals.append(rec)
     algo = (summary or {}).get("algo") or ((config or {}).get("config", {}).get("algo", {}).get("algo")) or "?"
-    label = f"{algo}"
+    label = f"{(summary or {}).get('algo_variant') or algo}"  # fedprox, iwds+fedprox, ... (older runs: algo)
     theta_name = (summary or {}).get("theta_name")
     if theta_name and (summary or {}).get("theta_final") is not None:
         label += f" {theta_name}={summary['theta_final']:g}"

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import re
 import subprocess
 import sys
@@ -34,6 +35,11 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def test_load_run_reads_the_contract(tmp_path):
     run = load_run(make_run(tmp_path, "g", "gaia", bytes_per_step=1000, acc_gain=0.01))
     assert run.label == "gaia t0=0.1 (g)"
+    # a FedAvg variant is labelled by what the flags built (summary.json's algo_variant), not --algo fedavg
+    p = make_run(tmp_path, "fp", "fedavg", bytes_per_step=10, acc_gain=0.01)
+    summary = json.loads((p / "summary.json").read_text())
+    (p / "summary.json").write_text(json.dumps({**summary, "algo_variant": "iwds+fedprox"}))
+    assert load_run(p).label == "iwds+fedprox (fp)" and load_run(p).algo == "fedavg"
     assert [r["step"] for r in run.evals] == [10, 20, 30, 40, 50]  # evaluation lines only
     regions, m = link_matrix(run)
     assert regions == ["eu", "us"] and m == [[123, 25000], [25000, 0]]
