@@ -66,6 +66,12 @@ def list_steps(out: Path | str, rank: int) -> list[int]:
     return sorted(int(m.group(1)) for m in (_NAME.match(p.name) for p in d.iterdir()) if m)
 
 
+def checkpoint_files(out: Path | str) -> list[Path]:
+    """Every checkpoint file under ``out`` (complete ones and ``.tmp`` leftovers of a write cut short), of
+    every rank directory: what a finished run no longer needs (geodml.study.runner deletes them)."""
+    return sorted(p for p in Path(out).glob("rank*/ckpt-*.pt*") if p.is_file() and p.parent.name[4:].isdigit())
+
+
 def fingerprint(cfg: RunConfig, world_size: int) -> dict[str, Any]:
     """The settings a checkpoint must share with the run that resumes it, as ``{"section.field": value}``."""
     d = cfg.to_dict()

@@ -470,7 +470,7 @@ def test_dry_run_prints_the_plan_and_launches_nothing(name, tmp_path, capsys):
     runs = [x for x in lines if x.startswith("  to run ")]
     assert len(head) == 1 and runs, out
     assert head[0].startswith(f"plan: {len(runs)} runs, 0 finished (reused), 0 running (another study process), "
-                              f"{len(runs)} to run;"), head[0]
+                              f"0 to resume from their checkpoints, {len(runs)} to run;"), head[0]
     assert not (tmp_path / "s").exists()
 
 
@@ -501,7 +501,8 @@ def test_only_runs_the_named_run_and_writes_no_report(name, tmp_path, capsys):
     assert f"--only: 1 of the plan's {len(ids)} runs; no report written" in capsys.readouterr().out
     assert [p.name for p in out.iterdir() if not p.name.startswith(".")] == [pick]  # the run's directory, no report
     assert main([*argv, "--only", pick, "--dry-run"], launcher=no_launch) == 0  # finished now: listed, reused
-    assert "plan: 1 runs, 1 finished (reused), 0 running (another study process), 0 to run" in capsys.readouterr().out
+    assert ("plan: 1 runs, 1 finished (reused), 0 running (another study process), 0 to resume from their checkpoints, "
+            "0 to run") in capsys.readouterr().out
 
 
 def test_dry_run_marks_finished_and_running_runs(tmp_path, capsys):
@@ -524,7 +525,8 @@ def test_dry_run_marks_finished_and_running_runs(tmp_path, capsys):
     assert not runner.is_running(busy)  # released with its holder
     lines = capsys.readouterr().out.splitlines()
     n = len(cells)
-    assert (f"plan: {n} runs, 1 finished (reused), 1 running (another study process), {n - 2} to run; "
+    assert (f"plan: {n} runs, 1 finished (reused), 1 running (another study process), 0 to resume from their "
+            f"checkpoints, {n - 2} to run; "
             "nothing launched (--dry-run)") in lines
     assert f"  finished {done.run_id}: {' '.join(done.argv)}" in lines
     assert f"  running  {busy.run_id}: {' '.join(busy.argv)}" in lines

@@ -624,7 +624,8 @@ def test_hsu2019_only_runs_the_named_runs_and_no_report(tmp_path, capsys):
     assert "--only: 2 of the plan's 12 runs; no report written" in capsys.readouterr().out  # 8 tuning + 4 at seed 1
     # a dry run with --only lists the two, both finished now
     assert hsu.hsu2019([*argv, "--only", ",".join(picks), "--dry-run"], launcher=no_launch) == 0
-    assert "plan: 2 runs, 2 finished (reused), 0 running (another study process), 0 to run" in capsys.readouterr().out
+    assert ("plan: 2 runs, 2 finished (reused), 0 running (another study process), 0 to resume from their checkpoints, "
+            "0 to run") in capsys.readouterr().out
     # the other six tuning runs; then the whole command reuses all eight and runs only the four at seed 1
     rest = [rid for rid in TUNING if rid not in picks]
     assert hsu.hsu2019([*argv, "--only", ",".join(rest)], launcher=launch) == 0

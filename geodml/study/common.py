@@ -34,7 +34,17 @@ from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
 from geodml.config import DATASETS
-from geodml.study.runner import Launcher, RunResult, RunSpec, is_running, read_summary, run_all
+from geodml.study.runner import (
+    AUTO_CHECKPOINT_STEPS,
+    LAUNCH_FILE,
+    Launcher,
+    RunResult,
+    RunSpec,
+    has_checkpoints,
+    is_running,
+    read_summary,
+    run_all,
+)
 
 ROC_CACHE = "study_roc_auc.json"
 TRAIN_SIZES = {"digits": 1438, "fashion-mnist": 60000, "mnist": 60000, "cifar10": 50000}
@@ -102,9 +112,29 @@ def make_parser(name: str, description: str, epilog: str) -> OneLineParser:
                    "partitions (results do not depend on it, so finished runs are reused whatever it was)")
     p.add_argument("--run-timeout", type=float, default=4 * 3600.0, help="seconds before a run is killed and reported")
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs")
+    add_checkpoint_every(p)
     add_dry_run(p)
     add_only(p)
     return p
+
+
+def steps_or_zero(text: str) -> int:
+    """argparse type of --checkpoint-every: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of steps >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number of steps >= 0 (0: no checkpoints), got {value}")
+    return value
+
+
+def add_checkpoint_every(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint-every", type=steps_or_zero, metavar="STEPS",
+                   help="each run's --checkpoint-every: a run cut short (the machine or session went away) is resumed "
+                        "from its checkpoints by the next invocation instead of starting again; 0: none (default: "
+                        f"{AUTO_CHECKPOINT_STEPS} steps, none for runs on the pool engine, which checkpoints would move "
+                        "to the slower threads engine; results do not depend on it)")
 
 
 def add_dry_run(p: argparse.ArgumentParser) -> None:
@@ -145,10 +175,19 @@ def select_only(specs: Sequence[RunSpec], only: Sequence[str], *, later_note: st
 
 def print_plan(specs: Sequence[RunSpec]) -> None:
     """``--dry-run``'s listing: the run count, how many are finished (summary.json: reused, not run again) or
-    running (another study process on this directory holds the run's lock), and each run's state, id and flags."""
-    states = ["finished" if read_summary(s.out) is not None else "running" if is_running(s) else "to run" for s in specs]
+    running (another study process on this directory holds the run's lock), interrupted with checkpoints (resumed
+    from them), and each run's state, id and flags."""
+
+    def state(s: RunSpec) -> str:
+        if read_summary(s.out) is not None:
+            return "finished"
+        if is_running(s):
+            return "running"
+        return "resume" if (Path(s.out) / LAUNCH_FILE).exists() and has_checkpoints(s.out) else "to run"
+    states = [state(s) for s in specs]
     print(f"plan: {len(specs)} runs, {states.count('finished')} finished (reused), {states.count('running')} running "
-          f"(another study process), {states.count('to run')} to run; nothing launched (--dry-run)", flush=True)
+          f"(another study process), {states.count('resume')} to resume from their checkpoints, "
+          f"{states.count('to run')} to run; nothing launched (--dry-run)", flush=True)
     for spec, state in zip(specs, states):
         print(f"  {state:<8} {spec.run_id}: {' '.join(spec.argv)}", flush=True)
 
@@ -211,7 +250,8 @@ def run_specs(args: argparse.Namespace, specs: Sequence[RunSpec], launcher: Laun
               on_result: Callable[[RunResult], None] | None = None) -> list[RunResult]:
     """Run (or reuse) ``specs`` at the study's ``--jobs``, ``--run-timeout`` and ``--processes``, logging to stdout."""
     return run_all(list(specs), jobs=args.jobs, timeout_s=args.run_timeout, launcher=launcher,
-                   processes=args.processes, log=lambda m: print(m, flush=True), on_result=on_result)
+                   processes=args.processes, log=lambda m: print(m, flush=True), on_result=on_result,
+                   checkpoint_every=getattr(args, "checkpoint_every", None))
 
 
 def run_only(name: str, args: argparse.Namespace, specs: Sequence[RunSpec], launcher: Launcher, *,

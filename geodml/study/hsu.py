@@ -269,6 +269,7 @@ def _base_parser(name: str, description: str) -> _Parser:
     p.add_argument("--run-timeout", type=float, default=12 * 3600.0, help="seconds before a run is killed and reported")
     p.add_argument("--out", help=f"study directory (default runs/study-{name}-DATASET-BUDGET)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs")
+    common.add_checkpoint_every(p)
     common.add_dry_run(p)
     common.add_only(p)
     p.add_argument("--keep-partition-models", action="store_true",

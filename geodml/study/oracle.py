@@ -195,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="study directory (default runs/oracle-ALGO-DATASET-SETTING-kNPROC)")
     p.add_argument("--jobs", type=int, default=1, help="runs at a time")
     p.add_argument("--run-timeout", type=float, default=1800.0, help="seconds before a run is killed and reported")
+    common.add_checkpoint_every(p)
     common.add_dry_run(p)
     common.add_only(p)
     return p

@@ -763,6 +763,7 @@ def build_parser(name: str) -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=1, help="runs at a time (2 cores: keep 1)")
     p.add_argument("--run-timeout", type=float, default=3600.0, help="seconds before a run is killed and reported")
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs")
+    common.add_checkpoint_every(p)
     common.add_dry_run(p)
     common.add_only(p)
     if name == "skewscout":

@@ -95,6 +95,7 @@ def build_parser() -> common.OneLineParser:
                    "depend on it, so finished runs are reused whatever it was")
     p.add_argument("--run-timeout", type=float, default=24 * 3600.0, help="seconds before a run is killed and reported")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG")
+    common.add_checkpoint_every(p)
     common.add_dry_run(p)
     common.add_only(p)
     return p

@@ -9,7 +9,14 @@ A study (the Oracle baseline of §7.3, later the whole-paper study runner) is a 
   directory it launches; ``check_reusable`` refuses a directory whose ``launch.json`` names
   different flags, so a changed study never silently reuses a stale run. A directory without
   ``summary.json`` that the runner created (it has ``launch.json``) is an interrupted run: it
-  is cleared and run again.
+  is cleared and run again, unless it holds checkpoints: then it is **resumed** from them.
+* **Checkpoints.** Every run writes its state every ``checkpoint_every`` steps (geodml's
+  ``--checkpoint-every``; default AUTO_CHECKPOINT_STEPS for runs on the threads or process
+  engine, none for the pool engine, which checkpoints would move to the slower threads engine).
+  A run cut short (the machine or the session went away) is relaunched with ``--resume`` and
+  continues from the newest step every partition has, bit-identical to an uninterrupted run
+  (tests/test_checkpoint.py); its stdout/stderr are appended to. Like ``processes``, the
+  checkpoint cadence is not part of a run's identity. A finished run's checkpoints are deleted.
 * **Failures are reported, never hidden.** A non-zero exit or a timeout gives status
   ``failed`` / ``timeout`` with the exit code, the cause (the last exception or ``geodml: error:``
   line of the run's stderr: under torchrun the last lines are the launcher's own banner), and the
@@ -56,6 +63,10 @@ LAUNCH_FILE = "launch.json"
 SUMMARY_FILE = rundir.SUMMARY
 STDOUT_FILE = "stdout.txt"
 STDERR_FILE = "stderr.txt"
+RESUMED_MARK = "--- geodml.study: resumed from"
+AUTO_CHECKPOINT_STEPS = 1000
+"""The default ``--checkpoint-every`` of a study run (threads or process engine): an interrupted run
+redoes at most this many steps. Measured cost on the iwds study's runs: see docs/study.md."""
 
 
 def finite_floats(text: str) -> tuple[float, ...]:
@@ -85,6 +96,10 @@ class RunSpec:
     meta: dict = field(default_factory=dict, compare=False, hash=False)
     processes: int = field(default=0, compare=False)
     """Processes R (0: one per partition)."""
+    checkpoint_every: int = field(default=0, compare=False)
+    """``--checkpoint-every`` steps (0: no checkpoints); does not change the results."""
+    resume: bool = field(default=False, compare=False)
+    """Launch with ``--resume``: continue the interrupted run from its checkpoints (set by the runner)."""
 
     @property
     def launch_argv(self) -> tuple[str, ...]:
@@ -94,6 +109,12 @@ class RunSpec:
     @property
     def procs(self) -> int:
         return self.processes or self.nproc
+
+    @property
+    def command_argv(self) -> tuple[str, ...]:
+        """launch_argv with the checkpoint flags: what geodml is started with."""
+        extra = ("--checkpoint-every", str(self.checkpoint_every)) if self.checkpoint_every else ()
+        return (*self.launch_argv, *extra, *(("--resume",) if self.resume else ()))
 
 
 @dataclass
@@ -122,7 +143,7 @@ Launcher = Callable[[RunSpec, IO[bytes], IO[bytes]], subprocess.Popen]
 def torchrun_command(spec: RunSpec) -> list[str]:
     """The command line of one run (``--standalone``: torchrun picks a free port, so runs can overlap)."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={spec.procs}",
-            "-m", "geodml", *spec.launch_argv, "--out", str(spec.out)]
+            "-m", "geodml", *spec.command_argv, "--out", str(spec.out)]
 
 
 def child_env() -> dict[str, str]:
@@ -214,12 +235,37 @@ def is_running(spec: RunSpec) -> bool:
         return False
 
 
-def _prepare_dir(spec: RunSpec) -> None:
+def auto_checkpoint_every(spec: RunSpec) -> int:
+    """The default checkpoint cadence of ``spec``: AUTO_CHECKPOINT_STEPS, or 0 where the run would use the
+    pool engine (checkpoints would move it to the threads engine: same results, slower) or its flags do not
+    parse (validate_spec reports those)."""
+    from geodml.cli import parse_config
+    from geodml.run import engine
+    try:
+        cfg = parse_config(list(spec.launch_argv))
+    except (ValueError, SystemExit):
+        return 0
+    if cfg.reliability.checkpoint_every or cfg.reliability.resume:
+        return 0  # the study's own flags decide
+    return 0 if engine(cfg, spec.nproc, spec.procs) == "pool" else AUTO_CHECKPOINT_STEPS
+
+
+def has_checkpoints(out: Path | str) -> bool:
+    from geodml.checkpoint import checkpoint_files
+    return any(p.name.endswith(".pt") for p in checkpoint_files(out))
+
+
+def _prepare_dir(spec: RunSpec) -> bool:
+    """Make ``spec.out`` ready to launch; True when it is an interrupted run of ours with checkpoints,
+    kept to be resumed (an interrupted run without any is cleared and starts afresh)."""
     out = Path(spec.out)
-    if out.exists() and (out / LAUNCH_FILE).exists():  # an interrupted run of ours: start it afresh
+    if out.exists() and (out / LAUNCH_FILE).exists():  # an interrupted run of ours
+        if has_checkpoints(out):
+            return True
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / LAUNCH_FILE).write_text(json.dumps(launch_record(spec), indent=2) + "\n")
+    return False
 
 
 def read_text(path: Path) -> str:
@@ -311,12 +357,20 @@ class _Live:
 
 
 def _start(spec: RunSpec, index: int, launcher: Launcher, lock: IO[bytes]) -> _Live:
-    """Clear and prepare the run's directory and launch it, holding ``lock`` (closed on failure)."""
+    """Prepare the run's directory (cleared, or kept to resume) and launch it, holding ``lock`` (closed on
+    failure). A resumed run's stdout and stderr are appended to, after a line that says so."""
     opened: list[IO[bytes]] = [lock]
     try:
-        _prepare_dir(spec)
-        opened.append(open(Path(spec.out) / STDOUT_FILE, "wb"))
-        opened.append(open(Path(spec.out) / STDERR_FILE, "wb"))
+        if _prepare_dir(spec):
+            spec = dataclasses.replace(spec, resume=True)
+        mode = "ab" if spec.resume else "wb"
+        opened.append(open(Path(spec.out) / STDOUT_FILE, mode))
+        opened.append(open(Path(spec.out) / STDERR_FILE, mode))
+        if spec.resume:
+            for f in opened[1:]:
+                f.write(f"{RESUMED_MARK} the run's checkpoints at {time.strftime('%Y-%m-%d %H:%M:%S')} "
+                        "---\n".encode())
+                f.flush()
         proc = launcher(spec, opened[1], opened[2])
     except BaseException:
         for f in opened:
@@ -336,12 +390,17 @@ def _finish(live: _Live, *, timed_out: bool) -> RunResult:
         return RunResult(spec, "timeout", returncode=code, elapsed_s=elapsed, stderr_tail=err_tail,
                          error=f"killed after the run timeout ({elapsed:.0f} s)")
     summary = read_summary(spec.out)
+    if spec.resume:  # only this attempt's lines name the cause
+        err_text = err_text[max(err_text.rfind(RESUMED_MARK), 0):]
     if code != 0 or summary is None:
         why = f"exit code {code}" if code != 0 else f"exit code 0 but no readable {SUMMARY_FILE}"
         # not for a run killed by a signal (code < 0): an exception it printed earlier is not why it ended
         cause = failure_cause(err_text) if code >= 0 else ""
         why += f" (`{cause}`)" if cause else ""
         return RunResult(spec, "failed", returncode=code, elapsed_s=elapsed, stderr_tail=err_tail, error=why)
+    from geodml.checkpoint import checkpoint_files
+    for path in checkpoint_files(spec.out):  # a finished run is never resumed
+        path.unlink(missing_ok=True)
     return RunResult(spec, "ok", summary=summary, returncode=0, elapsed_s=elapsed)
 
 
@@ -381,9 +440,13 @@ def eta_text(durations: list[float], running_s: list[float], pending: int, jobs:
 
 def run_all(specs: list[RunSpec], *, jobs: int = 1, timeout_s: float = 1800.0, launcher: Launcher = torchrun_launcher,
             log: Callable[[str], None] = print, poll_s: float = 0.2, grace_s: float = 10.0,
-            processes: int | None = None, on_result: Callable[[RunResult], None] | None = None) -> list[RunResult]:
-    """Run every spec (reusing finished ones), ``jobs`` at a time; results in spec order.
+            processes: int | None = None, on_result: Callable[[RunResult], None] | None = None,
+            checkpoint_every: int | None = None) -> list[RunResult]:
+    """Run every spec (reusing finished ones, resuming interrupted ones that have checkpoints), ``jobs`` at a
+    time; results in spec order.
     ``processes``: run each on at most this many processes (``--processes``; RunSpec.processes).
+    ``checkpoint_every``: steps between checkpoints (RunSpec.checkpoint_every; 0: none); None:
+    auto_checkpoint_every per run.
     ``on_result``: called with each run's result as it ends in this invocation (not for reused runs),
     e.g. to prune files a study does not need while the others still run.
 
@@ -395,6 +458,10 @@ def run_all(specs: list[RunSpec], *, jobs: int = 1, timeout_s: float = 1800.0, l
         if processes < 1:
             raise ValueError(f"processes must be >= 1, got {processes}")
         specs = [dataclasses.replace(s, processes=min(processes, s.nproc)) for s in specs]
+    if checkpoint_every is not None and checkpoint_every < 0:
+        raise ValueError(f"checkpoint_every must be >= 0 steps, got {checkpoint_every}")
+    specs = [dataclasses.replace(s, checkpoint_every=auto_checkpoint_every(s) if checkpoint_every is None
+                                 else checkpoint_every) for s in specs]
     t0 = time.monotonic()
     n = len(specs)
     results: list[RunResult | None] = [None] * n
@@ -447,12 +514,15 @@ def run_all(specs: list[RunSpec], *, jobs: int = 1, timeout_s: float = 1800.0, l
         while pending or live or busy:
             while len(live) < jobs and (nxt := next_run()) is not None:
                 i, lock = nxt
-                log(f"[{i + 1}/{n}] start {specs[i].run_id} (study time {time.monotonic() - t0:.1f} s)")
                 try:
                     live.append(_start(specs[i], i, launcher, lock))
                 except OSError as exc:  # e.g. the interpreter or the run directory is not usable
                     results[i] = RunResult(specs[i], "failed", error=f"could not start: {exc}")
                     log(f"[{i + 1}/{n}] FAILED {specs[i].run_id}: {results[i].error}")
+                    continue
+                how = "resume" if live[-1].spec.resume else "start"
+                log(f"[{i + 1}/{n}] {how} {specs[i].run_id} (study time {time.monotonic() - t0:.1f} s)"
+                    + (" from its checkpoints" if live[-1].spec.resume else ""))
             time.sleep(poll_s)
             for lv in list(live):
                 timed_out = lv.proc.poll() is None and time.monotonic() - lv.started > timeout_s
