@@ -72,6 +72,16 @@ def test_interrupted_run_with_checkpoints_is_resumed_and_its_checkpoints_go_when
 
 
 @pytest.mark.integration
+def test_a_resumed_runs_remainder_does_not_set_the_eta(tmp_path):
+    spec, log = interrupted(tmp_path, checkpoint=True), []
+    fresh = RunSpec("s", tmp_path / "s", ("--algo", "bsp"), 2)
+    run_all([spec, fresh], launcher=recording_launcher(WRITE_SUMMARY, []), log=log.append, poll_s=0.02)
+    done = [line for line in log if " done " in line]
+    assert done[0].startswith("[1/2] done r in ") and " left" not in done[0]  # no ETA from a remainder
+    assert done[1].startswith("[2/2] done s in ")
+
+
+@pytest.mark.integration
 def test_interrupted_run_without_checkpoints_starts_afresh(tmp_path):
     spec, seen, log = interrupted(tmp_path, checkpoint=False), [], []
     res = run_all([spec], launcher=recording_launcher(WRITE_SUMMARY, seen), log=log.append, poll_s=0.02,

@@ -475,7 +475,7 @@ def run_all(specs: list[RunSpec], *, jobs: int = 1, timeout_s: float = 1800.0, l
             pending.append(i)
     live: list[_Live] = []
     busy: list[int] = []  # runs another study process holds: waited for, or run here if it gives them up
-    durations: list[float] = []  # of the runs finished in this invocation, for the ETA
+    durations: list[float] = []  # of the runs started afresh and finished in this invocation, for the ETA
 
     def take(i: int) -> IO[bytes] | None:
         """Run i's lock, or None: another process holds it (it joins ``busy``, logged once), or it
@@ -535,7 +535,8 @@ def run_all(specs: list[RunSpec], *, jobs: int = 1, timeout_s: float = 1800.0, l
                 if on_result is not None:
                     on_result(res)
                 word = "done" if res.succeeded else res.status.upper()
-                durations.append(res.elapsed_s)
+                if not lv.spec.resume:  # a resumed run's time is only its remainder
+                    durations.append(res.elapsed_s)
                 eta = eta_text(durations, [time.monotonic() - other.started for other in live], len(pending), jobs)
                 log(f"[{lv.index + 1}/{n}] {word} {lv.spec.run_id} in {res.elapsed_s:.1f} s "
                     f"(study time {time.monotonic() - t0:.1f} s{eta}): {describe(res)}")
