@@ -4,22 +4,28 @@ interruption, with ``--resume``; the result equals an uninterrupted run's bit fo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
 
-from geodml.study import common
+from geodml.study import common, runner
 from geodml.study.runner import (
     AUTO_CHECKPOINT_STEPS,
     RunSpec,
     auto_checkpoint_every,
+    check_reusable,
     launch_record,
+    resume_step,
     run_all,
+    sources_digest,
     torchrun_command,
     torchrun_launcher,
+    validate_spec,
 )
 
 WRITE_SUMMARY = ("import json, sys, pathlib; pathlib.Path(sys.argv[1], 'summary.json')"
@@ -37,9 +43,10 @@ def recording_launcher(code: str, seen: list):
     return launch
 
 
-def interrupted(tmp_path, *, checkpoint: bool):
-    """A run directory as a killed run leaves it: launch.json, partial metrics, output, maybe a checkpoint."""
-    spec = RunSpec("r", tmp_path / "r", ("--algo", "fedavg", "--iter-local", "4"), 2)
+def interrupted(tmp_path, *, checkpoint: bool, argv=("--algo", "fedavg", "--iter-local", "4")):
+    """A run directory as a killed run leaves it: launch.json, partial metrics, output, maybe a checkpoint
+    (stand-in bytes: tests that resume from it stub resume_step; the real files are the last test's)."""
+    spec = RunSpec("r", tmp_path / "r", tuple(argv), 2)
     spec.out.mkdir(parents=True)
     (spec.out / "launch.json").write_text(json.dumps(launch_record(spec)))
     (spec.out / "metrics.jsonl").write_text('{"step": 5}\n')
@@ -51,8 +58,15 @@ def interrupted(tmp_path, *, checkpoint: bool):
     return spec
 
 
+@pytest.fixture
+def resumable(monkeypatch):
+    """resume_step finds step 4 in any directory with checkpoint files (they are stand-ins here)."""
+    monkeypatch.setattr(runner, "resume_step", lambda spec: (4, "") if runner.has_checkpoints(spec.out) else (None, "x"))
+    monkeypatch.setattr(common, "resume_step", runner.resume_step)
+
+
 @pytest.mark.integration
-def test_interrupted_run_with_checkpoints_is_resumed_and_its_checkpoints_go_when_it_ends(tmp_path):
+def test_interrupted_run_with_checkpoints_is_resumed_and_its_checkpoints_go_when_it_ends(tmp_path, resumable):
     spec, seen, log = interrupted(tmp_path, checkpoint=True), [], []
     res = run_all([spec], launcher=recording_launcher(WRITE_SUMMARY, seen), log=log.append, poll_s=0.02,
                   checkpoint_every=7)
@@ -67,12 +81,12 @@ def test_interrupted_run_with_checkpoints_is_resumed_and_its_checkpoints_go_when
     err = (spec.out / "stderr.txt").read_text().splitlines()
     assert err[0] == "[rank0]: ValueError: from the first attempt"  # appended to, not overwritten
     assert err[1].startswith("--- geodml.study: resumed from the run's checkpoints at ")
-    assert log[0] == "[1/1] resume r (study time 0.0 s) from its checkpoints"
+    assert log[0] == "[1/1] resume r from step 4 of its checkpoints (study time 0.0 s)"
     assert json.loads((spec.out / "launch.json").read_text()) == launch_record(spec)  # identity unchanged
 
 
 @pytest.mark.integration
-def test_a_resumed_runs_remainder_does_not_set_the_eta(tmp_path):
+def test_a_resumed_runs_remainder_does_not_set_the_eta(tmp_path, resumable):
     spec, log = interrupted(tmp_path, checkpoint=True), []
     fresh = RunSpec("s", tmp_path / "s", ("--algo", "bsp"), 2)
     run_all([spec, fresh], launcher=recording_launcher(WRITE_SUMMARY, []), log=log.append, poll_s=0.02)
@@ -87,17 +101,55 @@ def test_interrupted_run_without_checkpoints_starts_afresh(tmp_path):
     res = run_all([spec], launcher=recording_launcher(WRITE_SUMMARY, seen), log=log.append, poll_s=0.02,
                   checkpoint_every=7)
     assert res[0].status == "ok" and "--resume" not in seen[0]["cmd"] and "--checkpoint-every" in seen[0]["cmd"]
-    assert seen[0]["files"] == ["launch.json", "stderr.txt", "stdout.txt"]  # the partial run was cleared
-    assert (spec.out / "stderr.txt").read_text() == "" and log[0].startswith("[1/1] start r ")
+    assert seen[0]["files"] == ["launch.json", "sources.json", "stderr.txt", "stdout.txt"]  # the partial run was cleared
+    assert (spec.out / "stderr.txt").read_text() == ""
+    assert log[0].endswith("; its interrupted attempt was cleared: it left no checkpoints")
+    assert json.loads((spec.out / "sources.json").read_text()) == {"geodml_sources_sha256": sources_digest()}
+
+
+def test_resume_step_says_why_a_directory_cannot_be_resumed(tmp_path, monkeypatch):
+    spec = interrupted(tmp_path, checkpoint=False)
+    assert resume_step(spec) == (None, "it left no checkpoints")
+    (spec.out / "rank0").mkdir()
+    (spec.out / "rank0" / "ckpt-00000010.pt.tmp").write_bytes(b"half")  # a write cut short is no checkpoint
+    assert resume_step(spec) == (None, "it left no checkpoints")
+    (spec.out / "rank0" / "ckpt-00000010.pt").write_bytes(b"not a checkpoint")
+    assert resume_step(spec) == (None, "its directory has no sources.json naming the code it started with")
+    (spec.out / "sources.json").write_text(json.dumps({"geodml_sources_sha256": "0" * 64}))
+    assert resume_step(spec) == (None, "the geodml code changed since it started")
+    (spec.out / "sources.json").write_text(json.dumps({"geodml_sources_sha256": sources_digest()}))
+    step, why = resume_step(spec)
+    assert step is None and why.startswith("its checkpoints cannot be resumed (") and "ckpt-00000010.pt" in why
+
+
+def test_sources_digest_covers_the_training_code_not_the_launcher(tmp_path, monkeypatch):
+    root = tmp_path / "repo"
+    for rel, text in {"geodml/trainer.py": "a = 1\n", "geodml/_kernels.c": "int x;\n",
+                      "geodml/study/runner.py": "b = 2\n", "geodml/notes.md": "c\n"}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    monkeypatch.setattr(runner, "REPO_ROOT", root)
+
+    def digest():
+        sources_digest.cache_clear()
+        return sources_digest()
+    base = digest()
+    (root / "geodml/study/runner.py").write_text("b = 3\n")
+    (root / "geodml/notes.md").write_text("d\n")
+    assert digest() == base  # the launcher and non-code files do not count
+    (root / "geodml/trainer.py").write_text("a = 2\n")
+    changed = digest()
+    assert changed != base
+    (root / "geodml/_kernels.c").write_text("int y;\n")
+    assert digest() != changed
+    sources_digest.cache_clear()
 
 
 @pytest.mark.integration
-def test_a_failed_resume_names_its_own_cause_not_the_first_attempts(tmp_path):
-    spec = interrupted(tmp_path, checkpoint=True)
-    fail = "import sys; print('geodml: error: --out r holds checkpoints of rank1 that do not fit', file=sys.stderr); sys.exit(2)"
-    res = run_all([spec], launcher=recording_launcher(fail, []), log=lambda m: None, poll_s=0.02)
-    assert res[0].status == "failed"
-    assert res[0].error == "exit code 2 (`geodml: error: --out r holds checkpoints of rank1 that do not fit`)"
+def test_a_failed_resume_names_its_own_cause_not_the_first_attempts(tmp_path, resumable):
+    spec = interrupted(tmp_path, checkpoint=True)  # its stderr holds the first attempt's ValueError
+    res = run_all([spec], launcher=recording_launcher("import sys; sys.exit(3)", []), log=lambda m: None, poll_s=0.02)
+    assert res[0].status == "failed" and res[0].error == "exit code 3"  # no cause: this attempt printed none
     assert (spec.out / "rank1" / "ckpt-00000004.pt").exists()  # kept: a failed run is not finished
 
 
@@ -106,6 +158,9 @@ def test_checkpoint_cadence_is_not_part_of_a_runs_identity(tmp_path):
     spec = RunSpec("r", tmp_path / "r", ("--algo", "bsp"), 2)
     run_all([spec], launcher=recording_launcher(WRITE_SUMMARY, []), log=lambda m: None, poll_s=0.02,
             checkpoint_every=3)
+    for other in (dataclasses.replace(spec, checkpoint_every=0), dataclasses.replace(spec, checkpoint_every=50)):
+        check_reusable(other)  # the launch.json written at cadence 3 is this run's at any cadence
+        validate_spec(other)
     again = run_all([spec], launcher=recording_launcher("raise SystemExit(9)", []), log=lambda m: None,
                     checkpoint_every=0)
     assert again[0].status == "reused"
@@ -144,7 +199,35 @@ def test_study_flag_reaches_the_runner_and_bad_values_exit_2(tmp_path, capsys):
     assert common.steps_or_zero("0") == 0
 
 
-def test_dry_run_lists_a_resumable_run(tmp_path, capsys):
+def test_an_interrupted_run_with_its_own_checkpoint_flag_passes_validation(tmp_path):
+    """-- --checkpoint-every N is a run's own flag; its interrupted directory is the runner's to resume or clear,
+    so the preflight does not refuse it for want of an --out (it did: the study could not go on)."""
+    spec = interrupted(tmp_path, checkpoint=False, argv=("--algo", "gaia", "--checkpoint-every", "50"))
+    validate_spec(spec)
+
+
+@pytest.mark.integration
+def test_a_run_still_going_after_its_study_process_died_is_waited_for(tmp_path, resumable):
+    """A study process killed with SIGKILL leaves its run going (own session): the next invocation waits for
+    the process that has the run's --out instead of resuming or clearing the directory under it."""
+    spec = interrupted(tmp_path, checkpoint=True)
+    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2)", "--out", str(spec.out)],
+                              start_new_session=True)
+    try:
+        log: list[str] = []
+        t0 = time.monotonic()
+        res = run_all([spec], launcher=recording_launcher(WRITE_SUMMARY, []), log=log.append, poll_s=0.05,
+                      timeout_s=60)
+        assert orphan.poll() is not None and time.monotonic() - t0 >= 1.0  # launched only after it ended
+    finally:
+        orphan.kill()
+        orphan.wait(10)
+    assert log[0] == (f"[1/1] busy r: process(es) {orphan.pid} still run it outside any study process; waiting for "
+                      "them (or stop them)")
+    assert log[1].startswith("[1/1] resume r from step 4") and res[0].status == "ok"
+
+
+def test_dry_run_lists_a_resumable_run(tmp_path, capsys, resumable):
     specs = [interrupted(tmp_path / "a", checkpoint=True), interrupted(tmp_path / "b", checkpoint=False)]
     common.print_plan(specs)
     out = capsys.readouterr().out.splitlines()
@@ -173,10 +256,11 @@ def test_a_run_killed_mid_way_is_resumed_by_the_next_invocation_and_equals_an_un
     first = run_all([cut], launcher=torchrun_launcher, log=logs.append, checkpoint_every=20, timeout_s=240)[0]
     assert first.status == "failed" and not (cut.out / "summary.json").exists()
     assert (cut.out / "rank0" / "ckpt-00000100.pt").exists()
+    assert resume_step(cut) == (100, "")
     monkeypatch.delenv("GEODML_FAULT")
     second = run_all([cut], launcher=torchrun_launcher, log=logs.append, checkpoint_every=20, timeout_s=240)[0]
     assert second.status == "ok", second.error
-    assert any(line.startswith("[1/1] resume cut ") for line in logs)
+    assert any(line.startswith("[1/1] resume cut from step 100 of its checkpoints (study time ") for line in logs)
     assert "resumed from step 100" in (cut.out / "stdout.txt").read_text()
     sa, sb = (json.loads((s.out / "summary.json").read_text()) for s in (full, cut))
     assert sa["steps"] == sb["steps"] > 110
@@ -186,7 +270,8 @@ def test_a_run_killed_mid_way_is_resumed_by_the_next_invocation_and_equals_an_un
     for f in ["model.pt", *(f"rank{k}/model.pt" for k in range(4))]:
         a, b = torch.load(full.out / f, weights_only=True), torch.load(cut.out / f, weights_only=True)
         assert all(torch.equal(a[n], b[n]) for n in a), f
-    lines = [(s.out / "metrics.jsonl").read_text().splitlines() for s in (full, cut)]
-    steps = [[json.loads(line)["step"] for line in ls] for ls in lines]
-    assert steps[0] == steps[1]  # the redone steps 101-110 are not logged twice
+    timing = ("wall_s", "emulated_s")  # measured times: a resumed run's differ
+    rows = [[{k: v for k, v in json.loads(line).items() if k not in timing}
+             for line in (s.out / "metrics.jsonl").read_text().splitlines()] for s in (full, cut)]
+    assert rows[0] == rows[1] and len(rows[0]) > 20  # every value of every line; the redone 101-110 once
     assert not list(cut.out.rglob("ckpt-*"))  # a finished run's checkpoints are deleted

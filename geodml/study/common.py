@@ -40,9 +40,9 @@ from geodml.study.runner import (
     Launcher,
     RunResult,
     RunSpec,
-    has_checkpoints,
     is_running,
     read_summary,
+    resume_step,
     run_all,
 )
 
@@ -183,7 +183,7 @@ def print_plan(specs: Sequence[RunSpec]) -> None:
             return "finished"
         if is_running(s):
             return "running"
-        return "resume" if (Path(s.out) / LAUNCH_FILE).exists() and has_checkpoints(s.out) else "to run"
+        return "resume" if (Path(s.out) / LAUNCH_FILE).exists() and resume_step(s)[0] is not None else "to run"
     states = [state(s) for s in specs]
     print(f"plan: {len(specs)} runs, {states.count('finished')} finished (reused), {states.count('running')} running "
           f"(another study process), {states.count('resume')} to resume from their checkpoints, "

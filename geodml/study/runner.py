@@ -9,14 +9,18 @@ A study (the Oracle baseline of §7.3, later the whole-paper study runner) is a 
   directory it launches; ``check_reusable`` refuses a directory whose ``launch.json`` names
   different flags, so a changed study never silently reuses a stale run. A directory without
   ``summary.json`` that the runner created (it has ``launch.json``) is an interrupted run: it
-  is cleared and run again, unless it holds checkpoints: then it is **resumed** from them.
+  is **resumed** from its checkpoints where ``resume_step`` finds a step, else cleared and run again.
 * **Checkpoints.** Every run writes its state every ``checkpoint_every`` steps (geodml's
   ``--checkpoint-every``; default AUTO_CHECKPOINT_STEPS for runs on the threads or process
   engine, none for the pool engine, which checkpoints would move to the slower threads engine).
   A run cut short (the machine or the session went away) is relaunched with ``--resume`` and
-  continues from the newest step every partition has, bit-identical to an uninterrupted run
-  (tests/test_checkpoint.py); its stdout/stderr are appended to. Like ``processes``, the
-  checkpoint cadence is not part of a run's identity. A finished run's checkpoints are deleted.
+  continues from the newest step every partition has, with the weights, bytes, accuracies and
+  metrics (time fields aside) of an uninterrupted run (tests/test_study_resume.py); its stdout and
+  stderr are appended to.
+  It is resumed only by the geodml code it started with (``sources.json``, sources_digest), and
+  only if its checkpoints load and fit; otherwise it starts afresh and the progress line says why.
+  Like ``processes``, the checkpoint cadence is not part of a run's identity. A finished run's
+  checkpoints are deleted.
 * **Failures are reported, never hidden.** A non-zero exit or a timeout gives status
   ``failed`` / ``timeout`` with the exit code, the cause (the last exception or ``geodml: error:``
   line of the run's stderr: under torchrun the last lines are the launcher's own banner), and the
@@ -29,7 +33,9 @@ A study (the Oracle baseline of §7.3, later the whole-paper study runner) is a 
   released by the kernel if the process dies), so a second study process with the same flags
   takes the runs nobody is running and adds workers to a study under way; a run another process
   holds is waited for (its result is read as ``reused``), or run here if it ended without a
-  summary. An interrupted directory is cleared only under its lock, never under a live run.
+  summary. An interrupted directory is cleared or resumed only under its lock, and not while a
+  process started with its ``--out`` still runs (a run whose study process was killed lives on:
+  ``processes_writing``); such a run is waited for like a busy one.
 * **Injectable launcher.** ``launcher(spec, stdout, stderr) -> subprocess.Popen`` starts one
   run (default ``torchrun_launcher``); tests pass fakes. A launcher must start its child with
   ``start_new_session=True``.
@@ -40,6 +46,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import fcntl
+import functools
+import hashlib
 import heapq
 import json
 import math
@@ -63,6 +71,7 @@ LAUNCH_FILE = "launch.json"
 SUMMARY_FILE = rundir.SUMMARY
 STDOUT_FILE = "stdout.txt"
 STDERR_FILE = "stderr.txt"
+SOURCES_FILE = "sources.json"
 RESUMED_MARK = "--- geodml.study: resumed from"
 AUTO_CHECKPOINT_STEPS = 1000
 """The default ``--checkpoint-every`` of a study run (threads or process engine): an interrupted run
@@ -168,8 +177,9 @@ read_summary = rundir.read_summary  # the run's summary.json, or None (absent, o
 def validate_spec(spec: RunSpec) -> None:
     """A run's flags through geodml's own preflight (what torchrun would reject; flags only, no data
     decoded), and reuse safety; ``ValueError`` naming the problem. A finished run is reused, so its
-    flags are not checked again; an interrupted run of ours is cleared before it runs again, so its
-    directory is not checked as an ``--out`` (the preflight would refuse its leftovers)."""
+    flags are not checked again. An interrupted run of ours is resumed or cleared by the runner
+    (resume_step decides), so its directory and checkpoint flags are not checked as an ``--out``:
+    the preflight would refuse its leftovers, and ``--checkpoint-every`` without ``--out``."""
     from geodml.cli import parse_config
     from geodml.run import preflight
     from geodml.runtime import Env
@@ -178,6 +188,9 @@ def validate_spec(spec: RunSpec) -> None:
         return
     interrupted = (Path(spec.out) / LAUNCH_FILE).exists()
     cfg = parse_config([*spec.launch_argv, *([] if interrupted else ["--out", str(spec.out)])])
+    if interrupted:
+        cfg = dataclasses.replace(cfg, reliability=dataclasses.replace(cfg.reliability, checkpoint_every=0,
+                                                                       resume=False))
     preflight(cfg, Env(0, spec.procs, 0, spec.procs, True), data=False)
 
 
@@ -255,17 +268,77 @@ def has_checkpoints(out: Path | str) -> bool:
     return any(p.name.endswith(".pt") for p in checkpoint_files(out))
 
 
-def _prepare_dir(spec: RunSpec) -> bool:
-    """Make ``spec.out`` ready to launch; True when it is an interrupted run of ours with checkpoints,
-    kept to be resumed (an interrupted run without any is cleared and starts afresh)."""
+@functools.cache
+def sources_digest() -> str:
+    """SHA-256 of the geodml code a run executes: every .py and .c file under geodml/ (its relative path
+    and bytes), except this launcher package, geodml/study/. A run is resumed only by the code it began
+    with, so that no result is half one version and half another."""
+    root = REPO_ROOT / "geodml"
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root)
+        if path.suffix in (".py", ".c") and rel.parts[0] != "study" and path.is_file():
+            h.update(rel.as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def resume_step(spec: RunSpec) -> tuple[int | None, str]:
+    """Where the interrupted run in ``spec.out`` would continue: ``(step, "")`` when every partition has a
+    checkpoint of that step that fits the run, the geodml sources it started with are the ones here
+    (SOURCES_FILE), and the files load; else ``(None, why not)``. Reads files only."""
+    from geodml.checkpoint import find_resume_step, fingerprint
+    from geodml.cli import parse_config
     out = Path(spec.out)
+    if not has_checkpoints(out):
+        return None, "it left no checkpoints"
+    try:
+        started = json.loads((out / SOURCES_FILE).read_text()).get("geodml_sources_sha256")
+    except (OSError, ValueError, AttributeError):
+        started = None
+    if started != sources_digest():
+        return None, ("the geodml code changed since it started" if started else
+                      f"its directory has no {SOURCES_FILE} naming the code it started with")
+    try:
+        cfg = parse_config([*spec.launch_argv, "--out", str(out)])
+        step = find_resume_step(out, spec.nproc, fingerprint(cfg, spec.nproc))
+    except (ValueError, SystemExit) as exc:
+        return None, f"its checkpoints cannot be resumed ({exc})"
+    if step is None:
+        return None, "no step has a checkpoint of every partition"
+    return step, ""
+
+
+def processes_writing(out: Path | str) -> list[int]:
+    """PIDs of this machine's processes started with ``--out OUT`` naming ``out`` (a run's torchrun and its
+    ranks): a run whose study process was killed lives on (it runs in sessions of its own), and its
+    directory must not be resumed or cleared under it."""
+    target = Path(out).resolve()
+    pids = []
+    for proc in psutil.process_iter(["pid", "cmdline", "cwd"]):
+        cmd = proc.info.get("cmdline") or []
+        for flag, value in zip(cmd, cmd[1:]):
+            if flag == "--out":
+                if (Path(proc.info.get("cwd") or "/") / value).resolve() == target:
+                    pids.append(proc.info["pid"])
+                break
+    return pids
+
+
+def _prepare_dir(spec: RunSpec) -> tuple[int | None, str]:
+    """Make ``spec.out`` ready to launch, under the run's lock. An interrupted run of ours (launch.json, no
+    summary) is kept to be resumed when resume_step finds a step (returned), and is otherwise cleared and
+    started afresh (returned: why it was not resumed; '' for a directory that held no run)."""
+    out = Path(spec.out)
+    why = ""
     if out.exists() and (out / LAUNCH_FILE).exists():  # an interrupted run of ours
-        if has_checkpoints(out):
-            return True
+        step, why = resume_step(spec)
+        if step is not None:
+            return step, ""
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / LAUNCH_FILE).write_text(json.dumps(launch_record(spec), indent=2) + "\n")
-    return False
+    (out / SOURCES_FILE).write_text(json.dumps({"geodml_sources_sha256": sources_digest()}) + "\n")
+    return None, why
 
 
 def read_text(path: Path) -> str:
@@ -354,6 +427,10 @@ class _Live:
     started: float
     files: tuple[IO[bytes], ...]
     """stdout, stderr and the run's lock (closed when the run ends: the lock goes with it)."""
+    resumed_from: int | None = None
+    """The checkpoint step the run continues from (None: started afresh)."""
+    not_resumed: str = ""
+    """Why an interrupted run was started afresh instead ('' when it was not interrupted)."""
 
 
 def _start(spec: RunSpec, index: int, launcher: Launcher, lock: IO[bytes]) -> _Live:
@@ -361,7 +438,8 @@ def _start(spec: RunSpec, index: int, launcher: Launcher, lock: IO[bytes]) -> _L
     failure). A resumed run's stdout and stderr are appended to, after a line that says so."""
     opened: list[IO[bytes]] = [lock]
     try:
-        if _prepare_dir(spec):
+        step, why = _prepare_dir(spec)
+        if step is not None:
             spec = dataclasses.replace(spec, resume=True)
         mode = "ab" if spec.resume else "wb"
         opened.append(open(Path(spec.out) / STDOUT_FILE, mode))
@@ -376,7 +454,7 @@ def _start(spec: RunSpec, index: int, launcher: Launcher, lock: IO[bytes]) -> _L
         for f in opened:
             f.close()
         raise
-    return _Live(spec, index, proc, time.monotonic(), (opened[1], opened[2], lock))
+    return _Live(spec, index, proc, time.monotonic(), (opened[1], opened[2], lock), step, why)
 
 
 def _finish(live: _Live, *, timed_out: bool) -> RunResult:
@@ -478,8 +556,8 @@ def run_all(specs: list[RunSpec], *, jobs: int = 1, timeout_s: float = 1800.0, l
     durations: list[float] = []  # of the runs started afresh and finished in this invocation, for the ETA
 
     def take(i: int) -> IO[bytes] | None:
-        """Run i's lock, or None: another process holds it (it joins ``busy``, logged once), or it
-        finished meanwhile (its result is read as reused)."""
+        """Run i's lock, or None: another process holds it or still runs it (it joins ``busy``, logged once),
+        or it finished meanwhile (its result is read as reused)."""
         lock = try_lock(specs[i])
         if lock is None:
             if i not in busy:
@@ -491,6 +569,13 @@ def run_all(specs: list[RunSpec], *, jobs: int = 1, timeout_s: float = 1800.0, l
             lock.close()
             results[i] = RunResult(specs[i], "reused", summary=summary, returncode=0)
             log(f"[{i + 1}/{n}] reused {specs[i].run_id} (finished by another study process): {describe(results[i])}")
+            return None
+        if (pids := processes_writing(specs[i].out)):  # its study process died, its run did not
+            lock.close()
+            if i not in busy:
+                busy.append(i)
+                log(f"[{i + 1}/{n}] busy {specs[i].run_id}: process(es) {', '.join(map(str, pids))} still run it "
+                    "outside any study process; waiting for them (or stop them)")
             return None
         return lock
 
@@ -520,9 +605,13 @@ def run_all(specs: list[RunSpec], *, jobs: int = 1, timeout_s: float = 1800.0, l
                     results[i] = RunResult(specs[i], "failed", error=f"could not start: {exc}")
                     log(f"[{i + 1}/{n}] FAILED {specs[i].run_id}: {results[i].error}")
                     continue
-                how = "resume" if live[-1].spec.resume else "start"
-                log(f"[{i + 1}/{n}] {how} {specs[i].run_id} (study time {time.monotonic() - t0:.1f} s)"
-                    + (" from its checkpoints" if live[-1].spec.resume else ""))
+                lv = live[-1]
+                if lv.resumed_from is not None:
+                    log(f"[{i + 1}/{n}] resume {specs[i].run_id} from step {lv.resumed_from} of its checkpoints "
+                        f"(study time {time.monotonic() - t0:.1f} s)")
+                else:
+                    log(f"[{i + 1}/{n}] start {specs[i].run_id} (study time {time.monotonic() - t0:.1f} s)"
+                        + (f"; its interrupted attempt was cleared: {lv.not_resumed}" if lv.not_resumed else ""))
             time.sleep(poll_s)
             for lv in list(live):
                 timed_out = lv.proc.poll() is None and time.monotonic() - lv.started > timeout_s
