@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import fcntl
-import functools
 import hashlib
 import heapq
 import json
@@ -268,11 +267,11 @@ def has_checkpoints(out: Path | str) -> bool:
     return any(p.name.endswith(".pt") for p in checkpoint_files(out))
 
 
-@functools.cache
 def sources_digest() -> str:
     """SHA-256 of the geodml code a run executes: every .py and .c file under geodml/ (its relative path
     and bytes), except this launcher package, geodml/study/. A run is resumed only by the code it began
-    with, so that no result is half one version and half another."""
+    with, so that no result is half one version and half another. Read from disk at each call (a few
+    milliseconds), so a checkout that changes while a study runs is seen by the runs launched after it."""
     root = REPO_ROOT / "geodml"
     h = hashlib.sha256()
     for path in sorted(root.rglob("*")):
