@@ -156,9 +156,12 @@ def test_checkpoint_cadence_is_not_part_of_a_runs_identity(tmp_path):
     for other in (dataclasses.replace(spec, checkpoint_every=0), dataclasses.replace(spec, checkpoint_every=50)):
         check_reusable(other)  # the launch.json written at cadence 3 is this run's at any cadence
         validate_spec(other)
+    (spec.out / "rank0").mkdir()
+    (spec.out / "rank0" / "ckpt-00000003.pt").write_bytes(b"left by a study process that died after the summary")
     again = run_all([spec], launcher=recording_launcher("raise SystemExit(9)", []), log=lambda m: None,
                     checkpoint_every=0)
     assert again[0].status == "reused"
+    assert not (spec.out / "rank0" / "ckpt-00000003.pt").exists()  # a finished run's leftovers go when reused
     with pytest.raises(ValueError, match="checkpoint_every must be >= 0 steps"):
         run_all([spec], checkpoint_every=-1, log=lambda m: None)
 

@@ -267,6 +267,15 @@ def has_checkpoints(out: Path | str) -> bool:
     return any(p.name.endswith(".pt") for p in checkpoint_files(out))
 
 
+def drop_checkpoints(out: Path | str) -> None:
+    """Delete a finished run's checkpoints (it has summary.json, the last file a run writes: it is never
+    resumed). Called when it finishes here, and when it is reused: its study process may have died
+    between the summary and the clean-up."""
+    from geodml.checkpoint import checkpoint_files
+    for path in checkpoint_files(out):
+        path.unlink(missing_ok=True)
+
+
 def sources_digest() -> str:
     """SHA-256 of the geodml code a run executes: every .py and .c file under geodml/ (its relative path
     and bytes), except this launcher package, geodml/study/. A run is resumed only by the code it began
@@ -475,9 +484,7 @@ def _finish(live: _Live, *, timed_out: bool) -> RunResult:
         cause = failure_cause(err_text) if code >= 0 else ""
         why += f" (`{cause}`)" if cause else ""
         return RunResult(spec, "failed", returncode=code, elapsed_s=elapsed, stderr_tail=err_tail, error=why)
-    from geodml.checkpoint import checkpoint_files
-    for path in checkpoint_files(spec.out):  # a finished run is never resumed
-        path.unlink(missing_ok=True)
+    drop_checkpoints(spec.out)
     return RunResult(spec, "ok", summary=summary, returncode=0, elapsed_s=elapsed)
 
 
@@ -546,6 +553,7 @@ def run_all(specs: list[RunSpec], *, jobs: int = 1, timeout_s: float = 1800.0, l
     for i, spec in enumerate(specs):
         summary = read_summary(spec.out)
         if summary is not None:
+            drop_checkpoints(spec.out)
             results[i] = RunResult(spec, "reused", summary=summary, returncode=0)
             log(f"[{i + 1}/{n}] reused {spec.run_id} ({spec.out / SUMMARY_FILE} exists): {describe(results[i])}")
         else:
