@@ -251,7 +251,7 @@ def run_specs(args: argparse.Namespace, specs: Sequence[RunSpec], launcher: Laun
     """Run (or reuse) ``specs`` at the study's ``--jobs``, ``--run-timeout`` and ``--processes``, logging to stdout."""
     return run_all(list(specs), jobs=args.jobs, timeout_s=args.run_timeout, launcher=launcher,
                    processes=args.processes, log=lambda m: print(m, flush=True), on_result=on_result,
-                   checkpoint_every=getattr(args, "checkpoint_every", None))
+                   checkpoint_every=args.checkpoint_every)
 
 
 def run_only(name: str, args: argparse.Namespace, specs: Sequence[RunSpec], launcher: Launcher, *,

@@ -106,8 +106,9 @@ class RunSpec:
     """Processes R (0: one per partition)."""
     checkpoint_every: int = field(default=0, compare=False)
     """``--checkpoint-every`` steps (0: no checkpoints); does not change the results."""
-    resume: bool = field(default=False, compare=False)
-    """Launch with ``--resume``: continue the interrupted run from its checkpoints (set by the runner)."""
+    resume_from: int | None = field(default=None, compare=False)
+    """The checkpoint step an interrupted run continues from, launched with ``--resume`` (set by the runner;
+    None: started afresh)."""
 
     @property
     def launch_argv(self) -> tuple[str, ...]:
@@ -122,7 +123,7 @@ class RunSpec:
     def command_argv(self) -> tuple[str, ...]:
         """launch_argv with the checkpoint flags: what geodml is started with."""
         extra = ("--checkpoint-every", str(self.checkpoint_every)) if self.checkpoint_every else ()
-        return (*self.launch_argv, *extra, *(("--resume",) if self.resume else ()))
+        return (*self.launch_argv, *extra, *(("--resume",) if self.resume_from is not None else ()))
 
 
 @dataclass
@@ -435,8 +436,6 @@ class _Live:
     started: float
     files: tuple[IO[bytes], ...]
     """stdout, stderr and the run's lock (closed when the run ends: the lock goes with it)."""
-    resumed_from: int | None = None
-    """The checkpoint step the run continues from (None: started afresh)."""
     not_resumed: str = ""
     """Why an interrupted run was started afresh instead ('' when it was not interrupted)."""
 
@@ -447,12 +446,11 @@ def _start(spec: RunSpec, index: int, launcher: Launcher, lock: IO[bytes]) -> _L
     opened: list[IO[bytes]] = [lock]
     try:
         step, why = _prepare_dir(spec)
-        if step is not None:
-            spec = dataclasses.replace(spec, resume=True)
-        mode = "ab" if spec.resume else "wb"
+        spec = dataclasses.replace(spec, resume_from=step)
+        mode = "wb" if step is None else "ab"
         opened.append(open(Path(spec.out) / STDOUT_FILE, mode))
         opened.append(open(Path(spec.out) / STDERR_FILE, mode))
-        if spec.resume:
+        if step is not None:
             for f in opened[1:]:
                 f.write(f"{RESUMED_MARK} the run's checkpoints at {time.strftime('%Y-%m-%d %H:%M:%S')} "
                         "---\n".encode())
@@ -462,7 +460,7 @@ def _start(spec: RunSpec, index: int, launcher: Launcher, lock: IO[bytes]) -> _L
         for f in opened:
             f.close()
         raise
-    return _Live(spec, index, proc, time.monotonic(), (opened[1], opened[2], lock), step, why)
+    return _Live(spec, index, proc, time.monotonic(), (opened[1], opened[2], lock), why)
 
 
 def _finish(live: _Live, *, timed_out: bool) -> RunResult:
@@ -476,7 +474,7 @@ def _finish(live: _Live, *, timed_out: bool) -> RunResult:
         return RunResult(spec, "timeout", returncode=code, elapsed_s=elapsed, stderr_tail=err_tail,
                          error=f"killed after the run timeout ({elapsed:.0f} s)")
     summary = read_summary(spec.out)
-    if spec.resume:  # only this attempt's lines name the cause
+    if spec.resume_from is not None:  # only this attempt's lines name the cause
         err_text = err_text[max(err_text.rfind(RESUMED_MARK), 0):]
     if code != 0 or summary is None:
         why = f"exit code {code}" if code != 0 else f"exit code 0 but no readable {SUMMARY_FILE}"
@@ -613,8 +611,8 @@ def run_all(specs: list[RunSpec], *, jobs: int = 1, timeout_s: float = 1800.0, l
                     log(f"[{i + 1}/{n}] FAILED {specs[i].run_id}: {results[i].error}")
                     continue
                 lv = live[-1]
-                if lv.resumed_from is not None:
-                    log(f"[{i + 1}/{n}] resume {specs[i].run_id} from step {lv.resumed_from} of its checkpoints "
+                if lv.spec.resume_from is not None:
+                    log(f"[{i + 1}/{n}] resume {specs[i].run_id} from step {lv.spec.resume_from} of its checkpoints "
                         f"(study time {time.monotonic() - t0:.1f} s)")
                 else:
                     log(f"[{i + 1}/{n}] start {specs[i].run_id} (study time {time.monotonic() - t0:.1f} s)"
@@ -631,7 +629,7 @@ def run_all(specs: list[RunSpec], *, jobs: int = 1, timeout_s: float = 1800.0, l
                 if on_result is not None:
                     on_result(res)
                 word = "done" if res.succeeded else res.status.upper()
-                if not lv.spec.resume:  # a resumed run's time is only its remainder
+                if lv.spec.resume_from is None:  # a resumed run's time is only its remainder
                     durations.append(res.elapsed_s)
                 eta = eta_text(durations, [time.monotonic() - other.started for other in live], len(pending), jobs)
                 log(f"[{lv.index + 1}/{n}] {word} {lv.spec.run_id} in {res.elapsed_s:.1f} s "
