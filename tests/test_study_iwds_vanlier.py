@@ -320,8 +320,19 @@ def test_iwds_report_by_hand(tmp_path, capsys):
     assert "| FedAvg | LDA 0.5 | 81.0 +- 1.4% | 81.0 +- 0.0% | +0.0 pp | 72.9% | 3 | 2 |" in md
     assert ("**supported**. T = 63.9%: IWDS round 3 vs uniform not reached; final IWDS 71.0 +- 1.4% vs uniform "
             "61.0 +- 1.4% (+10.0 pp, beyond the seed sd 1.4 pp)") in md
-    assert ("| fedavg-iwds-llt-0.9-s1 | FedAvg | iwds | LLT 0.9 | longtail --tail 0.9 | 1 | 0.7200 | 0.7200 | 60.0% | 3 "
-            "| reused |") in md
+    # early accuracy: all 4 rounds (fewer than 10): (0.4 + 0.6 + 0.68 + 0.72) / 4; roughness: the second half, |0.72 - 0.68|
+    assert ("| fedavg-iwds-llt-0.9-s1 | FedAvg | iwds | LLT 0.9 | longtail --tail 0.9 | 1 | 0.7200 | 0.7200 | 60.0% | 60.0% "
+            "| 4.00 pp | 3 | reused |") in md
+    # paired IWDS - uniform at LLT: finals +0.10 in both seeds (no spread: no p); early (0.625 - 0.425, 0.60 - 0.405):
+    # +0.1975 +- 0.0035, t = 79 at 1 df, p = 1 - 2 atan(79) / pi (the Cauchy distribution); roughness (0 - 0.1,
+    # 0.04 - 0.12): -0.09 +- 0.014, t = -9, p = 2 atan(1 / 9) / pi
+    p_early, p_rough = 1 - 2 * math.atan(79) / math.pi, 2 * math.atan(1 / 9) / math.pi
+    assert (f"| FedAvg: IWDS - uniform | LLT 0.9 | - | 2 | +10.00 +- 0.00 pp (2/2 above 0) | +19.75 +- 0.35 pp "
+            f"(2/2 above 0, p = {p_early:.2g}) | -9.00 +- 1.41 pp (0/2 above 0, p = {p_rough:.2g}) |") in md
+    paired_llt = rep["paired"][0]
+    assert paired_llt["early_accuracy"]["p"] == pytest.approx(p_early, rel=1e-9)
+    assert paired_llt["roughness"]["p"] == pytest.approx(p_rough, rel=1e-9)
+    assert paired_llt["final_accuracy"]["p"] is None and len(rep["paired"]) == 2  # FedAvg only: no algorithm - FedAvg rows
     assert "**supported**" in out  # the evidence is printed too
     with open(tmp_path / "s" / "iwds.csv") as f:
         rows = {r["run_id"]: r for r in csv.DictReader(f)}
@@ -331,6 +342,11 @@ def test_iwds_report_by_hand(tmp_path, capsys):
     with open(tmp_path / "s" / "iwds_cells.csv") as f:
         cells = list(csv.DictReader(f))
     assert [c["sampler"] for c in cells] == ["uniform", "iwds", "uniform", "iwds"] and cells[1]["verdict"] == "supported"
+    with open(tmp_path / "s" / "iwds_paired.csv") as f:
+        paired_rows = list(csv.DictReader(f))
+    assert len(paired_rows) == 2 * 3 and paired_rows[2]["measure"] == "roughness" and paired_rows[2]["seeds"] == "0;1"
+    assert [float(d) for d in paired_rows[2]["diffs"].split(";")] == pytest.approx([-0.1, -0.08])
+    assert float(paired_rows[2]["p"]) == pytest.approx(p_rough) and paired_rows[0]["p"] == ""
     with open(tmp_path / "s" / "iwds_curves.csv") as f:
         points = list(csv.DictReader(f))
     # 8 runs x 4 evaluated rounds (the log line without an evaluation is not a round)
@@ -370,6 +386,48 @@ def test_iwds_final_accuracy_over_the_last_rounds_by_hand(tmp_path):
         with pytest.raises(StudyError, match=r"--final-rounds must be in 1\.\.4"):
             iwds.parse([*IWDS_ARGV, "--final-rounds", bad])
     assert iwds.parse(["--budget", "full"]).final_rounds == 10 and iwds.parse(IWDS_ARGV).final_rounds == 1
+
+
+def test_iwds_early_accuracy_and_roughness_by_hand():
+    curve = [(1.0, 0.2), (2.0, 0.5), (3.0, 0.4), (4.0, 0.7), (5.0, 0.6)]
+    assert iwds.early_accuracy(curve, rounds=2) == pytest.approx(0.35)
+    assert iwds.early_accuracy(curve) == pytest.approx(0.48)  # fewer than 10 rounds: all of them
+    assert iwds.early_accuracy([]) is None
+    # the second half is the last ceil(5 / 2) = 3 points, 0.4, 0.7, 0.6: (0.3 + 0.1) / 2
+    assert iwds.roughness(curve) == pytest.approx(0.2)
+    assert iwds.roughness(curve[:3]) == pytest.approx(0.1)  # the last ceil(3 / 2) = 2 points: 0.5, 0.4
+    assert iwds.roughness(curve[:1]) is None
+
+
+def test_iwds_paired_against_fedavg_by_seed(tmp_path):
+    """With FedAvg in the study, each other algorithm is compared with it seed by seed per sampler;
+    a seed whose run failed on either side drops out of the pair."""
+    args = iwds.parse(["--budget", "quick", "--algos", "fedavg,fedprox", "--settings", "hetero-0.5", "--seeds", "0,1,2",
+                       "--out", str(tmp_path / "s")])
+
+    def row(algo, sampler, seed, final, early, rough):
+        return {"algo": algo, "partition": "hetero", "param": 0.5, "sampler": sampler, "seed": seed,
+                "final_accuracy": final, "early_accuracy": early, "roughness": rough}
+    rows = [row("fedavg", "uniform", 0, 0.90, 0.80, 0.010), row("fedprox", "uniform", 0, 0.91, 0.78, 0.008),
+            row("fedavg", "uniform", 1, 0.89, 0.81, 0.012), row("fedprox", "uniform", 1, 0.89, 0.77, 0.012),
+            row("fedavg", "uniform", 2, 0.88, 0.79, 0.009), row("fedprox", "uniform", 2, None, None, None),
+            row("fedavg", "iwds", 0, 0.90, 0.82, 0.010), row("fedprox", "iwds", 0, 0.90, 0.80, 0.010)]
+    comps = iwds.paired_comparisons(args, rows)
+    assert [(c["comparison"], c["sampler"]) for c in comps] == [
+        ("FedAvg: IWDS - uniform", ""), ("FedProx: IWDS - uniform", ""), ("FedProx - FedAvg", "uniform"),
+        ("FedProx - FedAvg", "iwds")]
+    fp_u = comps[2]
+    assert fp_u["seeds"] == [0, 1]  # seed 2's FedProx run failed
+    assert fp_u["final_accuracy"]["diffs"] == pytest.approx([0.01, 0.0]) and fp_u["final_accuracy"]["above"] == 1
+    # early: -0.02 and -0.04: mean -0.03, sd 0.0141, t = -3 at 1 df: p = 2 atan(1 / 3) / pi
+    assert fp_u["early_accuracy"]["mean"] == pytest.approx(-0.03) and fp_u["early_accuracy"]["above"] == 0
+    assert fp_u["early_accuracy"]["p"] == pytest.approx(2 * math.atan(1 / 3) / math.pi)
+    assert fp_u["roughness"]["diffs"] == pytest.approx([-0.002, 0.0])
+    assert comps[3]["seeds"] == [0] and comps[3]["final_accuracy"]["sd"] is None and comps[3]["final_accuracy"]["p"] is None
+    assert comps[0]["seeds"] == [0] and comps[0]["early_accuracy"]["mean"] == pytest.approx(0.02)
+    assert iwds.paired_text(comps[3]["early_accuracy"]) == "-2.00 pp (0/1 above 0)"
+    assert iwds.paired_text(comps[1]["early_accuracy"]) == "+2.00 pp (1/1 above 0)"  # FedProx IWDS - uniform, seed 0
+    assert iwds.paired_text(iwds.paired([], rows)["final_accuracy"]) == "-"
 
 
 def test_iwds_failed_run_is_excluded_and_verdicts_follow(tmp_path):

@@ -60,6 +60,14 @@ docs/study.md lists them as deviations where the paper is silent or differs):
   rounds and a final accuracy within ``--similar-pp`` (1.0) percentage points. Each verdict says
   whether the final-accuracy difference exceeds the larger of the two cells' seed standard
   deviations.
+* **Paired by seed.** Seeds share their partition, client draws and initial model, so the report
+  also compares runs seed by seed: IWDS - uniform per (algorithm, partition), and, when the study
+  holds FedAvg, every other algorithm - FedAvg per sampler. Each on the final accuracy, the early
+  accuracy (``EARLY_ROUNDS``: the mean over rounds 1-10) and the roughness (the mean absolute
+  change of accuracy between consecutive rounds over the run's second half, rounds 51-100 of
+  100): the mean difference +- its sd over seeds, how many seeds are above zero, and the
+  two-sided paired t-test's p (scipy, which scikit-learn brings; none below two seeds or at zero
+  spread).
 """
 
 from __future__ import annotations
@@ -98,6 +106,9 @@ LDA_SCALE = 10.0
 BATCH, LR, MOMENTUM, WEIGHT_DECAY = 32, 0.01, 0.9, 1e-4
 FULL_ROUNDS, QUICK_ROUNDS, QUICK_LOCAL_STEPS = 100, 3, 2
 FULL_FINAL_ROUNDS = 10
+EARLY_ROUNDS = 10
+"""Rounds the early accuracy averages over (rounds 1-10): where the LDA claim's "converges faster"
+shows in the paired comparison, beside the one round that reaches T."""
 """Rounds a run's final accuracy is averaged over (``--final-rounds``). With 5 of 10 clients per
 round the global model's accuracy moves from round to round: at LDA 0.5 the last 10 rounds of a
 run have a standard deviation of 0.7-1.6 pp, and one seed's round 100 sat 3.5 pp below its own
@@ -318,6 +329,70 @@ def mean_curve(curves: list[list[tuple[float, float]]]) -> list[tuple[float, flo
     return [(r, sum(dict(c)[r] for c in curves) / len(curves)) for r in sorted(common_rounds)]
 
 
+def early_accuracy(curve: list[tuple[float, float]], rounds: int = EARLY_ROUNDS) -> float | None:
+    """The mean accuracy over rounds 1..``rounds`` (those of them the curve has; None: none)."""
+    accs = [a for r, a in curve if r <= rounds + 1e-9]
+    return sum(accs) / len(accs) if accs else None
+
+
+def roughness(curve: list[tuple[float, float]]) -> float | None:
+    """The mean |acc_r - acc_(r-1)| over consecutive evaluated rounds of the curve's second half
+    (its last ceil(n / 2) points: rounds 51-100 of 100, 49 changes); None below two such points."""
+    half = [a for _, a in curve[len(curve) // 2:]]
+    if len(half) < 2:
+        return None
+    return sum(abs(b - a) for a, b in zip(half, half[1:])) / (len(half) - 1)
+
+
+PAIRED_MEASURES = ("final_accuracy", "early_accuracy", "roughness")
+
+
+def paired_t_p(diffs: list[float]) -> float | None:
+    """Two-sided p of the paired t-test that the mean difference is zero (n - 1 degrees of
+    freedom); None below two differences or when they do not vary."""
+    n = len(diffs)
+    mean, sd = mean_sd(diffs)
+    if n < 2 or mean is None or not sd:
+        return None
+    from scipy import stats  # scikit-learn's dependency: always installed with geodml
+    return float(2.0 * stats.t.sf(abs(mean / (sd / math.sqrt(n))), n - 1))
+
+
+def paired(minuend: list[dict], subtrahend: list[dict]) -> dict:
+    """``minuend`` - ``subtrahend`` run rows, matched by seed (both finished), per measure: the
+    per-seed differences, their mean and sd, how many are above zero, and the paired t-test's p."""
+    base = {r["seed"]: r for r in subtrahend if r["final_accuracy"] is not None}
+    pairs = [(r, base[r["seed"]]) for r in sorted(minuend, key=lambda r: r["seed"])
+             if r["final_accuracy"] is not None and r["seed"] in base]
+    out: dict[str, Any] = {"seeds": [a["seed"] for a, _ in pairs]}
+    for key in PAIRED_MEASURES:
+        diffs = [a[key] - b[key] for a, b in pairs if a[key] is not None and b[key] is not None]
+        mean, sd = mean_sd(diffs)
+        out[key] = {"diffs": diffs, "mean": mean, "sd": sd, "above": sum(d > 0 for d in diffs), "p": paired_t_p(diffs)}
+    return out
+
+
+def paired_comparisons(args: argparse.Namespace, rows: list[dict]) -> list[dict]:
+    """IWDS - uniform per (algorithm, partition); then, when the study holds FedAvg, each other
+    algorithm - FedAvg per (partition, sampler)."""
+    def pick(algo: str, kind: str, value: float, sampler: str) -> list[dict]:
+        return [r for r in rows if (r["algo"], r["partition"], r["param"], r["sampler"]) == (algo, kind, value, sampler)]
+    out: list[dict] = []
+    for algo in args.algos:
+        for kind, value in args.settings:
+            out.append({"comparison": f"{ALGO_LABEL[algo]}: IWDS - uniform", "algo": algo, "partition": kind, "param": value,
+                        "setting": setting_label(kind, value), "sampler": "",
+                        **paired(pick(algo, kind, value, "iwds"), pick(algo, kind, value, "uniform"))})
+    if "fedavg" in args.algos:
+        for algo in (a for a in args.algos if a != "fedavg"):
+            for kind, value in args.settings:
+                for sampler in SAMPLERS:
+                    out.append({"comparison": f"{ALGO_LABEL[algo]} - FedAvg", "algo": algo, "partition": kind,
+                                "param": value, "setting": setting_label(kind, value), "sampler": sampler,
+                                **paired(pick(algo, kind, value, sampler), pick("fedavg", kind, value, sampler))})
+    return out
+
+
 def build_report(args: argparse.Namespace, runs: list[IwdsRun], results: list[RunResult]) -> dict:
     by_id = {r.spec.run_id: r for r in results}
     rows: list[dict[str, Any]] = []
@@ -340,6 +415,7 @@ def build_report(args: argparse.Namespace, runs: list[IwdsRun], results: list[Ru
                      "final_val_loss": None if s is None else s.get("final_val_loss"),
                      "wall_s": None if s is None else s.get("wall_seconds"),
                      "mean_accuracy": (sum(a for _, a in curve) / len(curve)) if curve else None,
+                     "early_accuracy": early_accuracy(curve), "roughness": roughness(curve),
                      "rounds": len(curve), "curve": curve, "target": None, "rounds_to_target": None})
     cells: list[dict[str, Any]] = []
     for algo in args.algos:
@@ -351,7 +427,11 @@ def build_report(args: argparse.Namespace, runs: list[IwdsRun], results: list[Ru
                 fm, fsd = mean_sd([r["final_accuracy"] for r in ok])
                 lm, lsd = mean_sd([r["last_round_accuracy"] for r in ok if r["last_round_accuracy"] is not None])
                 curve = mean_curve([r["curve"] for r in ok if r["curve"]])
+                early = mean_sd([r["early_accuracy"] for r in ok if r["early_accuracy"] is not None])
+                rough = mean_sd([r["roughness"] for r in ok if r["roughness"] is not None])
                 pair[sampler] = {"algo": algo, "partition": kind, "param": value, "sampler": sampler,
+                                 "early_mean": early[0], "early_sd": early[1], "roughness_mean": rough[0],
+                                 "roughness_sd": rough[1],
                                  "setting": setting_label(kind, value), "seeds_ok": len(ok), "seeds": len(mine),
                                  "final_mean": fm, "final_sd": fsd, "last_round_mean": lm, "last_round_sd": lsd,
                                  "curve": curve,
@@ -378,7 +458,7 @@ def build_report(args: argparse.Namespace, runs: list[IwdsRun], results: list[Ru
             "out": str(args.out),
             "cells": [{k: ({kk: vv for kk, vv in v.items() if kk != "rows"} if isinstance(v, dict) and "rows" in v else v)
                        for k, v in c.items()} for c in cells],
-            "rows": rows, "failed": failed}
+            "early_rounds": EARLY_ROUNDS, "paired": paired_comparisons(args, rows), "rows": rows, "failed": failed}
 
 
 def claim(args: argparse.Namespace, kind: str, pair: dict) -> dict:
@@ -429,6 +509,15 @@ def _local_work(rep: dict) -> str:
     return f"{rep['local_steps']} steps of"
 
 
+def paired_text(m: dict) -> str:
+    """'+2.5 +- 0.6 pp (3/3 above 0, p = 0.021)'; '-' without pairs."""
+    if m["mean"] is None:
+        return "-"
+    sd = "" if m["sd"] is None else f" +- {100 * m['sd']:.2f}"
+    p = "" if m["p"] is None else f", p = {m['p']:.2g}"
+    return f"{100 * m['mean']:+.2f}{sd} pp ({m['above']}/{len(m['diffs'])} above 0{p})"
+
+
 def format_markdown(rep: dict) -> str:
     b0, bm, rho = rep["iwds"]
     lines = [f"# iwds: {rep['paper']} on {rep['dataset']}, CNN, {rep['clients']} clients "
@@ -462,15 +551,28 @@ def format_markdown(rep: dict) -> str:
         u, cl = c["uniform"], c["claim"]
         lines.append(f"- {ALGO_LABEL[u['algo']]}, {u['setting']} (paper, {FIGURE[u['algo']]}: {cl['paper']}): "
                      f"**{cl['verdict']}**" + (f". {cl['evidence']}." if cl["evidence"] else "."))
+    early = f"rounds 1-{rep['early_rounds']}"
+    if rep["paired"]:
+        lines += ["", "## Paired by seed", "",
+                  f"Differences seed by seed (same partition, client draws and initial model): mean +- sd over seeds in "
+                  f"percentage points, seeds above zero, two-sided paired t-test p. Final: the last {rep['final_rounds']} "
+                  f"round(s); early: the mean over {early}; roughness: the mean change of accuracy between consecutive "
+                  "rounds over each run's second half.", "",
+                  f"| comparison | partition | sampler | seeds | final | early ({early}) | roughness |",
+                  "|---|---|---|---|---|---|---|"]
+        for c in rep["paired"]:
+            lines.append(f"| {c['comparison']} | {c['setting']} | {c['sampler'] or '-'} | {len(c['seeds'])} | "
+                         + " | ".join(paired_text(c[k]) for k in PAIRED_MEASURES) + " |")
     lines += ["", "## Runs", "", f"| run | algorithm | sampler | partition | geodml | seed | final acc (last "
-              f"{rep['final_rounds']}) | last round | mean acc | rounds to T | status |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              f"{rep['final_rounds']}) | last round | mean acc | {early} | roughness | rounds to T | status |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rep["rows"]:
         acc = "-" if r["final_accuracy"] is None else f"{r['final_accuracy']:.4f}"
         last = "-" if r["last_round_accuracy"] is None else f"{r['last_round_accuracy']:.4f}"
         status = r["status"] if r["status"] in ("ok", "reused") else f"{r['status'].upper()} (exit {r['returncode']})"
         lines.append(f"| {r['run_id']} | {ALGO_LABEL[r['algo']]} | {r['sampler']} | {r['setting']} | {r['geodml_partition']} | "
-                     f"{r['seed']} | {acc} | {last} | {pm(r['mean_accuracy'], None)} | {_r(r['rounds_to_target'])} | {status} |")
+                     f"{r['seed']} | {acc} | {last} | {pm(r['mean_accuracy'], None)} | {pm(r['early_accuracy'], None)} | "
+                     f"{pm(r['roughness'], None, digits=2, unit=' pp')} | {_r(r['rounds_to_target'])} | {status} |")
     for r in rep["rows"]:
         if r["status"] in ("failed", "timeout"):
             lines.append(f"\nFailed (excluded): {r['run_id']}: {r['error']}; stderr: {Path(r['dir']) / 'stderr.txt'}")
@@ -478,21 +580,33 @@ def format_markdown(rep: dict) -> str:
 
 
 RUN_FIELDS = ("run_id", "algo", "sampler", "partition", "param", "geodml_partition", "seed", "status", "final_accuracy",
-              "last_round_accuracy", "final_val_loss", "mean_accuracy", "rounds_to_target", "target", "rounds", "wall_s",
-              "dir", "error")
+              "last_round_accuracy", "final_val_loss", "mean_accuracy", "early_accuracy", "roughness", "rounds_to_target",
+              "target", "rounds", "wall_s", "dir", "error")
 CELL_FIELDS = ("algo", "partition", "param", "sampler", "seeds_ok", "seeds", "final_mean", "final_sd", "last_round_mean",
-               "last_round_sd", "mean_accuracy",
+               "last_round_sd", "mean_accuracy", "early_mean", "early_sd", "roughness_mean", "roughness_sd",
                "target", "rounds_to_target", "rounds_mean", "rounds_sd", "seeds_reached", "paper", "verdict")
+PAIRED_FIELDS = ("comparison", "algo", "partition", "param", "sampler", "seeds", "measure", "diffs", "mean", "sd", "above", "p")
 
 
 CURVE_FIELDS = ("run_id", "algo", "sampler", "partition", "param", "seed", "round", "val_accuracy")
 
 
 def write_csvs(rep: dict, out: Path) -> list[Path]:
-    """NAME.csv (one row per run), NAME_cells.csv (one per cell and sampler) and NAME_curves.csv
+    """NAME.csv (one row per run), NAME_cells.csv (one per cell and sampler), NAME_curves.csv
     (one per run and evaluated round: every curve the report rests on, so that a write-up can be
-    rechecked without the run directories)."""
+    rechecked without the run directories) and NAME_paired.csv (one per paired comparison and
+    measure; seeds and per-seed differences ';'-separated, in seed order)."""
     runs_csv, cells_csv, curves_csv = out / f"{NAME}.csv", out / f"{NAME}_cells.csv", out / f"{NAME}_curves.csv"
+    paired_csv = out / f"{NAME}_paired.csv"
+    with open(paired_csv, "w", newline="") as f:
+        pw = csv.writer(f)
+        pw.writerow(PAIRED_FIELDS)
+        for c in rep["paired"]:
+            for key in PAIRED_MEASURES:
+                m = c[key]
+                pw.writerow([c["comparison"], c["algo"], c["partition"], fmt(c["param"]), c["sampler"],
+                            ";".join(map(str, c["seeds"])), key, ";".join(repr(d) for d in m["diffs"]),
+                            *("" if m[k] is None else m[k] for k in ("mean", "sd", "above", "p"))])
     with open(runs_csv, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=RUN_FIELDS, extrasaction="ignore")
         w.writeheader()
@@ -505,12 +619,12 @@ def write_csvs(rep: dict, out: Path) -> list[Path]:
                 row = {**c[sampler], "paper": c["claim"]["paper"], "verdict": c["claim"]["verdict"]}
                 w.writerow({k: ("" if row.get(k) is None else row[k]) for k in CELL_FIELDS})
     with open(curves_csv, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(CURVE_FIELDS)
+        cw = csv.writer(f)
+        cw.writerow(CURVE_FIELDS)
         for r in rep["rows"]:
             for rnd, acc in r["curve"]:
-                w.writerow([*(r[k] for k in CURVE_FIELDS[:6]), fmt(rnd), acc])
-    return [runs_csv, cells_csv, curves_csv]
+                cw.writerow([*(r[k] for k in CURVE_FIELDS[:6]), fmt(rnd), acc])
+    return [runs_csv, cells_csv, curves_csv, paired_csv]
 
 
 def write_plots(rep: dict, out: Path) -> list[Path]:
