@@ -106,13 +106,13 @@ LDA_SCALE = 10.0
 BATCH, LR, MOMENTUM, WEIGHT_DECAY = 32, 0.01, 0.9, 1e-4
 FULL_ROUNDS, QUICK_ROUNDS, QUICK_LOCAL_STEPS = 100, 3, 2
 FULL_FINAL_ROUNDS = 10
-EARLY_ROUNDS = 10
-"""Rounds the early accuracy averages over (rounds 1-10): where the LDA claim's "converges faster"
-shows in the paired comparison, beside the one round that reaches T."""
 """Rounds a run's final accuracy is averaged over (``--final-rounds``). With 5 of 10 clients per
 round the global model's accuracy moves from round to round: at LDA 0.5 the last 10 rounds of a
 run have a standard deviation of 0.7-1.6 pp, and one seed's round 100 sat 3.5 pp below its own
 last-10 mean. The paper reads its figures' curves; a single last point is not that."""
+EARLY_ROUNDS = 10
+"""Rounds the early accuracy averages over (rounds 1-10): where the LDA claim's "converges faster"
+shows in the paired comparison, beside the one round that reaches T."""
 CONTROLLED = ("algo", "out", "dataset", "partition", "alpha", "tail", "client_size", "skew", "shards_per_partition",
               "entropy_steps", "model", "norm", "lr", "momentum", "weight_decay", "batch_size", "steps", "epochs",
               "iter_local", "local_epochs", "rounds", "eval_every_rounds", "client_fraction", "eval_every", "eval_at",
