@@ -387,7 +387,9 @@ def _finish(cfg: RunConfig, env: Env, parts: Parts, result: dict, *, wall_t0: fl
     bsp_bytes = trainer.state.step * ring_allreduce_wan_bytes(flat.numel, flat.data.element_size(),
                                                               comm.region_of_rank)
     summary = rundir.make_summary(cfg, world_size=env.world_size, result=result, totals=Ledger.summarize(rows),
-                                  emulated_s=emulated_s, wall_s=time.monotonic() - wall_t0, steps=trainer.state.step,
+                                  # a resumed run: the wall time before its checkpoint, then this process's
+                                  emulated_s=emulated_s, wall_s=trainer.resumed_wall_s + time.monotonic() - wall_t0,
+                                  steps=trainer.state.step,
                                   steps_per_epoch=parts.steps_per_epoch, bsp_bytes=bsp_bytes, algo=parts.algo,
                                   skewscout=parts.skewscout.summary() if parts.skewscout is not None else {})
     rundir.save_torch(out / rundir.MODEL, global_sd)

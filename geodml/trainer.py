@@ -304,6 +304,7 @@ class Trainer:
         self._buf_backup = [torch.empty_like(b) for b in flat.float_buffers]
         self.shard = slice(self.rank, None, self.world_size)
         self.wall_t0 = time.monotonic()
+        self.resumed_wall_s = 0.0  # the training wall time a restored checkpoint had recorded (0: a fresh run)
 
     # ---- checkpoint ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -336,7 +337,8 @@ class Trainer:
             self.comm.load_state_dict(state["comm"])
         if self.skewscout is not None:
             self.skewscout.load_state_dict(state["skewscout"])
-        self.wall_t0 = time.monotonic() - float(state.get("wall_s", 0.0))
+        self.resumed_wall_s = float(state.get("wall_s", 0.0))
+        self.wall_t0 = time.monotonic() - self.resumed_wall_s
 
     # ---- the loop ----------------------------------------------------------------------
     def train_step(self, step: int) -> float:

@@ -279,3 +279,28 @@ def test_torchrun_sigkill_and_restart_equals_uninterrupted(tmp_path):
         assert sa[key] == sb[key], key
     steps = [[json.loads(line)["step"] for line in (d / "metrics.jsonl").read_text().splitlines()] for d in (full, cut)]
     assert steps[0] == steps[1]  # the lines of the redone steps 21-23 are not duplicated
+
+
+def test_resumed_run_wall_seconds_count_the_time_before_the_checkpoint(tmp_path):
+    """summary.json's wall_seconds of a resumed run is the training wall time its checkpoint recorded plus
+    the resumed process's time (it was the resumed process's alone): checkpoints whose wall_s says 1000 s
+    give a summary of at least 1000 s after a resume that takes a few seconds."""
+    from geodml.cli import main
+    argv = ["--dataset", "digits", "--model", "logreg", "--partition", "label", "--steps", "30", "--eval-every", "15",
+            "--log-every", "10", "--no-progress", "--wan", "virtual", "--partitions", "3", "--algo", "fedavg",
+            "--iter-local", "5", "--checkpoint-every", "10", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    first = json.loads((tmp_path / "summary.json").read_text())["wall_seconds"]
+    assert 0 < first < 60
+    files = sorted(tmp_path.glob("rank*/ckpt-*.pt"))
+    assert [f.name for f in files] == ["ckpt-00000020.pt"] * 3
+    for f in files:
+        state = torch.load(f, weights_only=True)
+        state["wall_s"] = 1000.0
+        torch.save(state, f)
+    (tmp_path / "summary.json").unlink()
+    assert main([*argv, "--resume"]) == 0
+    wall = json.loads((tmp_path / "summary.json").read_text())["wall_seconds"]
+    assert 1000.0 < wall < 1060.0, wall
+    last = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()][-1]
+    assert last["step"] == 30 and 1000.0 < last["wall_s"] <= wall
