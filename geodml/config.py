@@ -490,6 +490,11 @@ class ReliabilityConfig:
                        "(TORCHELASTIC_RESTART_COUNT > 0)")
     peer_timeout_s: float = opt(30.0, metavar="S", help="a rank whose heartbeat (through the torch.distributed store) "
                                 "stops this many seconds is declared lost: every other rank exits non-zero naming it")
+    divergence_loss: float | None = opt(None, metavar="LOSS", default_text="off: every step runs",
+                                        help="end the run at the first log line (--log-every, --eval-every) whose mean "
+                                        "training loss over every partition since the line before is NaN, infinite or "
+                                        "above LOSS (inf: only NaN and infinite); the final evaluation and summary.json "
+                                        "(diverged_at_step) are written as usual, the steps left are not run")
 
     def __post_init__(self) -> None:
         _check(isinstance(self.checkpoint_every, int) and not isinstance(self.checkpoint_every, bool)
@@ -498,6 +503,10 @@ class ReliabilityConfig:
         _check(isinstance(self.resume, bool), f"--resume is a switch (true/false), got {self.resume!r}")
         _check(_finite(self.peer_timeout_s) and self.peer_timeout_s > 0,
                f"--peer-timeout-s must be > 0 seconds, got {self.peer_timeout_s!r}")
+        _check(self.divergence_loss is None or (isinstance(self.divergence_loss, (int, float))
+                                                 and not isinstance(self.divergence_loss, bool)
+                                                 and self.divergence_loss > 0),  # NaN fails, inf passes
+               f"--divergence-loss must be a loss > 0 (inf: stop only on NaN or inf), got {self.divergence_loss!r}")
 
 
 @dataclass(kw_only=True)

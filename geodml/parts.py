@@ -317,7 +317,8 @@ def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: 
     checkpointer = Checkpointer(out, rank=rank, world_size=world, every_steps=cfg.reliability.checkpoint_every, fp=fp)
     step_hooks = [h for h in (checkpointer, fault_hook_from_env(rank)) if h is not None]
     schedule = Schedule(optim=cfg.optim, total_steps=total_steps, steps_per_epoch=spe, eval_every=cfg.eval_every,
-                        log_every=cfg.log_every, seed=cfg.seed, eval_at=eval_at)
+                        log_every=cfg.log_every, seed=cfg.seed, eval_at=eval_at,
+                        divergence_loss=cfg.reliability.divergence_loss)
     trainer = Trainer(model=model, flat=flat, algo=algo, comm=comm, data=data, schedule=schedule, sink=sink,
                       skewscout=skewscout, step_hooks=step_hooks, eval_cache=eval_cache, channels_last=cfg.channels_last)
     if resume_step is not None:

@@ -227,6 +227,7 @@ class Pool:
                 partition_source(exporter, cfg, group.comm(k), k, out).watch(state=self.progress[k], algo=self.algo)
             self.sink = MultiSink([self.sink, exporter])
         self.wall_t0 = time.monotonic()
+        self.diverged_at_step: int | None = None  # --divergence-loss ended the loop after this step
 
     # ---- helpers ---------------------------------------------------------------------------
     def comm(self, k: int) -> InProcessComm:
@@ -412,6 +413,14 @@ class Pool:
         self.part = []
 
     # ---- metrics -----------------------------------------------------------------------------
+    def _diverged(self, limit: float) -> bool:
+        """geodml.trainer.diverged of the mean training loss over every partition since the last log
+        line (one uncharged reduction over the processes: every process answers alike)."""
+        from geodml.trainer import diverged
+        t = self.group.sum_hosted([torch.tensor([self.loss_sum[k], float(self.loss_count[k])], dtype=torch.float64)
+                                   for k in self.hosted])
+        return diverged(float(t[0]), float(t[1]), limit)
+
     def _log(self, step: int, lr: float, *, with_eval: bool) -> dict:
         g = self.group
         rows = [torch.tensor([self.loss_sum[k], float(self.loss_count[k]), float(self.correct[k]), float(self.seen[k]),
@@ -493,6 +502,9 @@ class Pool:
             if step < self.total_steps:
                 do_eval = step % cfg.eval_every == 0 or step in self.eval_at
                 if do_eval or step % cfg.log_every == 0:
+                    if cfg.reliability.divergence_loss is not None and self._diverged(cfg.reliability.divergence_loss):
+                        self.diverged_at_step = step  # _finish logs this step, with the final evaluation
+                        break
                     self._log(step, lr, with_eval=do_eval)
         if algo.steps_in_round > 0:
             self._synchronize()
@@ -519,7 +531,7 @@ class Pool:
             rundir.write_json(own / rundir.STARTUP, self.startup.report(rank=k, local_rank=k - self.hosted.start))
         per_rank = self.group.gather_hosted_objects(per)
         return {"final": final, "per_rank_val_accuracy": [v for v, _ in per_rank],
-                "per_rank_train_accuracy": [t for _, t in per_rank]}
+                "per_rank_train_accuracy": [t for _, t in per_rank], "diverged_at_step": self.diverged_at_step}
 
     @property
     def own_eval_count(self) -> int:
@@ -602,6 +614,9 @@ class EveryStepPool(Pool):
             if step < self.total_steps:  # the last step is logged by _finish, with the final evaluation
                 do_eval = step % cfg.eval_every == 0 or step in self.eval_at
                 if do_eval or step % cfg.log_every == 0:
+                    if cfg.reliability.divergence_loss is not None and self._diverged(cfg.reliability.divergence_loss):
+                        self.diverged_at_step = step
+                        break
                     self._log(step, lr, with_eval=do_eval)
         self.algo.finish()
         return self._finish(step, lr)
@@ -680,11 +695,11 @@ def run_pool(cfg: RunConfig, env: Env, pre: Preflight) -> dict | None:
         if env.rank != 0:
             return None
         flat = pool.algo.flat
-        bsp_bytes = pool.total_steps * ring_allreduce_wan_bytes(flat.numel, flat.data.element_size(),
-                                                                group.region_of_rank)
+        bsp_bytes = pool.step * ring_allreduce_wan_bytes(flat.numel, flat.data.element_size(),
+                                                         group.region_of_rank)
         summary = rundir.make_summary(cfg, world_size=P, result=result, totals=Ledger.summarize(rows),
                                       emulated_s=emulated_s, wall_s=time.monotonic() - wall_t0,
-                                      steps=pool.total_steps, steps_per_epoch=pool.spe, bsp_bytes=bsp_bytes,
+                                      steps=pool.step, steps_per_epoch=pool.spe, bsp_bytes=bsp_bytes,
                                       algo=pool.algo, skewscout={})
         rundir.save_torch(out / rundir.MODEL, global_sd)
         rundir.write_json(out / rundir.SUMMARY, summary)

@@ -195,6 +195,8 @@ def make_summary(cfg: RunConfig, *, world_size: int, result: Mapping[str, Any], 
         "wall_seconds": wall_s,
         "steps": steps,
         "epochs": steps / steps_per_epoch,
+        # --divergence-loss: the step after which the mean training loss was NaN, inf or above it (null: ran to the end)
+        "diverged_at_step": result.get("diverged_at_step"),
         "bsp_equivalent_wan_bytes": bsp_bytes,
         "wan_savings_vs_bsp": (bsp_bytes / total_bytes) if total_bytes else None,
         "theta_final": algo.knob.get() if algo.knob is not None else None,
@@ -234,7 +236,10 @@ def done_text(summary: Mapping[str, Any], out: Path) -> str:
     scored = summary.get("per_rank_val_examples")  # null (or absent, before it existed): the whole test set
     if scored is not None:
         shown += f" on {scored:,} test examples"
-    return (f"done: final val accuracy {summary['final_val_accuracy']:.4f} ({summary['final_model']} model; "
+    diverged = summary.get("diverged_at_step")
+    stopped = ("" if diverged is None else f"stopped after step {diverged}: the mean training loss since the log "
+               f"line before, {summary['final_train_loss']:.4g}, is NaN, infinite or above --divergence-loss\n")
+    return (f"{stopped}done: final val accuracy {summary['final_val_accuracy']:.4f} ({summary['final_model']} model; "
             f"{shown}), "
             f"WAN bytes {human_bytes(summary['wan_bytes_total'])} ({summary['wan_bytes_total']:,} B), "
             f"emulated {summary['emulated_seconds']:.1f} s, wall {summary['wall_seconds']:.1f} s\n"

@@ -104,6 +104,15 @@ _STEP_SLOTS = threading.BoundedSemaphore(_CORES)
 _GPU_EVAL_SLOTS = threading.BoundedSemaphore(1)
 
 
+def diverged(loss_sum: float, loss_count: float, limit: float) -> bool:
+    """``--divergence-loss``: whether a mean training loss (``loss_sum / loss_count`` over the steps
+    since the last log line; no step counted: not diverged) is NaN, infinite or above ``limit``."""
+    if loss_count <= 0:
+        return not math.isfinite(loss_sum)
+    mean = loss_sum / loss_count
+    return not math.isfinite(mean) or mean > limit
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 1000,
              indices: torch.Tensor | None = None) -> tuple[int, float]:
@@ -224,6 +233,8 @@ class Schedule:
     """Seeds this partition's minibatch order (with its rank)."""
     eval_at: frozenset[int] = frozenset()
     """Further steps after which the global model is validated (``--eval-at``)."""
+    divergence_loss: float | None = None
+    """End the loop at the first log step whose mean training loss is not finite or above this (``--divergence-loss``)."""
 
 
 class Minibatch(Protocol):
@@ -288,6 +299,7 @@ class Trainer:
                                     labels=data.train_y[torch.as_tensor(data.local_indices)].cpu().numpy())
         self.total_steps, self.spe = schedule.total_steps, schedule.steps_per_epoch
         self.eval_every, self.log_every, self.eval_at = schedule.eval_every, schedule.log_every, schedule.eval_at
+        self.divergence_loss = schedule.divergence_loss
         self.sink = sink if sink is not None else Sink()
         self.skewscout = skewscout
         self.step_hooks = tuple(step_hooks)  # called with the trainer after each step's logging (checkpoints, fault tests)
@@ -305,6 +317,7 @@ class Trainer:
         self.shard = slice(self.rank, None, self.world_size)
         self.wall_t0 = time.monotonic()
         self.resumed_wall_s = 0.0  # the training wall time a restored checkpoint had recorded (0: a fresh run)
+        self.diverged_at_step: int | None = None  # --divergence-loss ended the loop after this step
 
     # ---- checkpoint ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -375,11 +388,21 @@ class Trainer:
             if s.step < self.total_steps:  # the last step is logged by _finish, with the final evaluation
                 do_eval = s.step % self.eval_every == 0 or s.step in self.eval_at
                 if do_eval or s.step % self.log_every == 0:
+                    if self.divergence_loss is not None and self._diverged(self.divergence_loss):
+                        self.diverged_at_step = s.step  # _finish logs this step, with the final evaluation
+                        break
                     self._log(lr, with_eval=do_eval)
             for hook in self.step_hooks:
                 hook(self)
         self.algo.finish()
         return self._finish(lr)
+
+    def _diverged(self, limit: float) -> bool:
+        """Whether the mean training loss over every partition since the last log line is NaN,
+        infinite or above ``limit`` (one uncharged collective: every rank answers alike)."""
+        t = torch.tensor([self.state.loss_sum, float(self.state.loss_count)], dtype=torch.float64)
+        self.comm.meta_all_reduce(t)
+        return diverged(float(t[0]), float(t[1]), limit)
 
     # ---- metrics -----------------------------------------------------------------------
     def _emulated_s(self) -> float:
@@ -470,4 +493,4 @@ class Trainer:
         scored = len(self.test_y) if rows is None else len(rows)
         per_rank = self.comm.meta_all_gather_object((own_correct / scored, train_correct / len(local)))
         return {"final": final, "per_rank_val_accuracy": [v for v, _ in per_rank],
-                "per_rank_train_accuracy": [t for _, t in per_rank]}
+                "per_rank_train_accuracy": [t for _, t in per_rank], "diverged_at_step": self.diverged_at_step}

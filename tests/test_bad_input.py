@@ -169,6 +169,8 @@ CASES = [
     ("metrics-port-high", lambda t: ["--metrics-port", "70000"], "--metrics-port must be a TCP port"),
     ("checkpoint-every-negative", lambda t: ["--checkpoint-every", "-1"], "--checkpoint-every must be an integer >= 0"),
     ("peer-timeout-zero", lambda t: ["--peer-timeout-s", "0"], "--peer-timeout-s must be > 0"),
+    ("divergence-loss-zero", lambda t: ["--divergence-loss", "0"], "--divergence-loss must be a loss > 0"),
+    ("divergence-loss-nan", lambda t: ["--divergence-loss", "nan"], "--divergence-loss must be a loss > 0"),
     ("resume-without-out", lambda t: ["--resume", "--out", None], "--resume needs the run directory"),
     ("checkpoint-without-out", lambda t: ["--checkpoint-every", "5", "--out", None], "--checkpoint-every needs a run directory"),
     ("out-is-a-file", lambda t: ["--out", str(t / "run" / "notes.txt")], "exists and is not a directory"),

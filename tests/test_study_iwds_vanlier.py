@@ -203,6 +203,7 @@ def test_vanlier_quick_plan(tmp_path):
     (vanlier, ["--", "--partition", "iid"], "--partition are set by the study"),
     (vanlier, ["--", "--rounds", "3"], "--rounds are set by the study"),
     (iwds, ["--", "--eval-every-rounds", "1"], "--eval-every-rounds are set by the study"),
+    (iwds, ["--", "--divergence-loss", "100"], "--divergence-loss is not supported in a study"),
     (vanlier, ["--", "--batch-size", "0"], "batch"),  # geodml's own preflight, per run
 ])
 def test_bad_arguments_one_line_exit_2_nothing_launched(study, argv, message, tmp_path, capsys):

@@ -234,6 +234,9 @@ def check_extra_flags(extra: Sequence[str], controlled: Sequence[str]) -> None:
     taken = [f"--{d.replace('_', '-')}" for d in given if d in controlled]
     if taken:
         raise StudyError(f"flags after '--': {', '.join(taken)} are set by the study (use the study's own flags)")
+    if "divergence_loss" in given:
+        raise StudyError("flags after '--': --divergence-loss is not supported in a study: its reports read each run's "
+                         "whole curve, and a run stopped early would be reported over the rounds it ran")
 
 
 def validate_specs(specs: Sequence[RunSpec]) -> None:
