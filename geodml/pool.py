@@ -413,10 +413,17 @@ class Pool:
         self.part = []
 
     # ---- metrics -----------------------------------------------------------------------------
-    def _diverged(self, limit: float) -> bool:
-        """geodml.trainer.diverged of the mean training loss over every partition since the last log
-        line (one uncharged reduction over the processes: every process answers alike)."""
+    def _divergence_due(self, step: int) -> bool:
+        """--divergence-loss, as geodml.trainer.Trainer._check_divergence: after ``step``'s training and
+        before its round ends, when a log line follows it, whether the mean training loss over every
+        partition since the last line is NaN, infinite or above the limit (one uncharged reduction
+        over the processes: every process answers alike)."""
         from geodml.trainer import diverged
+        cfg, n = self.cfg, step + 1
+        limit = cfg.reliability.divergence_loss
+        if limit is None or not (n < self.total_steps and (n % cfg.eval_every == 0 or n in self.eval_at
+                                                            or n % cfg.log_every == 0)):
+            return False
         t = self.group.sum_hosted([torch.tensor([self.loss_sum[k], float(self.loss_count[k])], dtype=torch.float64)
                                    for k in self.hosted])
         return diverged(float(t[0]), float(t[1]), limit)
@@ -493,18 +500,19 @@ class Pool:
         while step < self.total_steps:
             lr = learning_rate(cfg.optim, step, self.spe, self.total_steps)
             self._train_step(step, lr)
+            stop = self._divergence_due(step)  # this step becomes the last: no further round begins
             if algo.steps_in_round == algo.round_len:
                 self._synchronize()
-                if step + 1 < self.total_steps:
+                if step + 1 < self.total_steps and not stop:
                     self._begin_round()
             step += 1
             self.step = step
+            if stop:
+                self.diverged_at_step = step  # _finish logs this step, with the final evaluation
+                break
             if step < self.total_steps:
                 do_eval = step % cfg.eval_every == 0 or step in self.eval_at
                 if do_eval or step % cfg.log_every == 0:
-                    if cfg.reliability.divergence_loss is not None and self._diverged(cfg.reliability.divergence_loss):
-                        self.diverged_at_step = step  # _finish logs this step, with the final evaluation
-                        break
                     self._log(step, lr, with_eval=do_eval)
         if algo.steps_in_round > 0:
             self._synchronize()
@@ -609,14 +617,15 @@ class EveryStepPool(Pool):
         while step < self.total_steps:
             lr = learning_rate(cfg.optim, step, self.spe, self.total_steps)
             self._train_step(step, lr)
+            stop = self._divergence_due(step)
             step += 1
             self.step = step
+            if stop:
+                self.diverged_at_step = step
+                break
             if step < self.total_steps:  # the last step is logged by _finish, with the final evaluation
                 do_eval = step % cfg.eval_every == 0 or step in self.eval_at
                 if do_eval or step % cfg.log_every == 0:
-                    if cfg.reliability.divergence_loss is not None and self._diverged(cfg.reliability.divergence_loss):
-                        self.diverged_at_step = step
-                        break
                     self._log(step, lr, with_eval=do_eval)
         self.algo.finish()
         return self._finish(step, lr)

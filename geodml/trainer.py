@@ -359,19 +359,39 @@ class Trainer:
         work = self.algo.work
         if not work.computes(step):
             self.flat.zero_grad()
+            self._check_divergence(step)
             self.algo.step(step, lr)
             return lr
         with _STEP_SLOTS:
             loss, correct, compute_s = local_gradient(self, work.batch_indices(step, self.sampler),
                                                       lambda labels: work.sample_weights(labels, step))
         self.comm.advance_compute(compute_s)
-        self.algo.step(step, lr)
         s = self.state
         s.loss_sum += loss
         s.loss_count += 1
         s.correct += correct
         s.seen += len(self.yb)
+        self._check_divergence(step)
+        self.algo.step(step, lr)
         return lr
+
+    def _logs_after(self, step: int) -> bool:
+        """Whether the loop writes a log line after ``step`` (the last step's comes from _finish)."""
+        n = step + 1
+        return n < self.total_steps and (n % self.eval_every == 0 or n in self.eval_at or n % self.log_every == 0)
+
+    def _check_divergence(self, step: int) -> None:
+        """--divergence-loss: before the hooks of a step that ends in a log line, whether the mean training
+        loss over every partition since the last line (this step's included) is NaN, infinite or above
+        the limit (one uncharged collective: every rank answers alike, at the same step). If so, this
+        step becomes the last, as in a run of ``step + 1`` steps (``Algorithm.end_after``)."""
+        if self.divergence_loss is None or not self._logs_after(step):
+            return
+        t = torch.tensor([self.state.loss_sum, float(self.state.loss_count)], dtype=torch.float64)
+        self.comm.meta_all_reduce(t)
+        if diverged(float(t[0]), float(t[1]), self.divergence_loss):
+            self.diverged_at_step = step + 1
+            self.algo.end_after(step)
 
     def run(self) -> dict:
         self.model.train()
@@ -385,24 +405,17 @@ class Trainer:
                 if decision:  # rank 0 only
                     self.sink.log({"step": s.step, "epoch": s.step / self.spe, "emulated_s": self._emulated_s(),
                                    "wall_s": time.monotonic() - self.wall_t0, **decision})
-            if s.step < self.total_steps:  # the last step is logged by _finish, with the final evaluation
+            stop = self.diverged_at_step is not None  # this step was made the last (_check_divergence)
+            if s.step < self.total_steps and not stop:  # the last step is logged by _finish, with the final evaluation
                 do_eval = s.step % self.eval_every == 0 or s.step in self.eval_at
                 if do_eval or s.step % self.log_every == 0:
-                    if self.divergence_loss is not None and self._diverged(self.divergence_loss):
-                        self.diverged_at_step = s.step  # _finish logs this step, with the final evaluation
-                        break
                     self._log(lr, with_eval=do_eval)
             for hook in self.step_hooks:
                 hook(self)
+            if stop:
+                break
         self.algo.finish()
         return self._finish(lr)
-
-    def _diverged(self, limit: float) -> bool:
-        """Whether the mean training loss over every partition since the last log line is NaN,
-        infinite or above ``limit`` (one uncharged collective: every rank answers alike)."""
-        t = torch.tensor([self.state.loss_sum, float(self.state.loss_count)], dtype=torch.float64)
-        self.comm.meta_all_reduce(t)
-        return diverged(float(t[0]), float(t[1]), limit)
 
     # ---- metrics -----------------------------------------------------------------------
     def _emulated_s(self) -> float:

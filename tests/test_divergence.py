@@ -18,7 +18,8 @@ from geodml.trainer import diverged
 BASE = ["--dataset", "digits", "--model", "logreg", "--partition", "label", "--eval-every", "20", "--log-every", "5",
         "--no-progress", "--wan", "virtual", "--partitions", "3", "--algo", "fedavg", "--iter-local", "5"]
 SAME = ("final_val_accuracy", "final_val_loss", "final_train_loss", "wan_bytes_total", "wan_bytes_by_link",
-        "messages_total", "steps", "per_rank_val_accuracy", "per_rank_train_accuracy", "bsp_equivalent_wan_bytes")
+        "wan_bytes_by_kind", "messages_total", "steps", "epochs", "per_rank_val_accuracy", "per_rank_train_accuracy",
+        "bsp_equivalent_wan_bytes")
 
 
 def test_diverged_by_hand():
@@ -35,28 +36,44 @@ def _run(out, *extra):
     return json.loads((out / "summary.json").read_text())
 
 
-def _models_equal(a, b):
-    for f in ["model.pt", *(f"rank{k}/model.pt" for k in range(3))]:
+def _models_equal(a, b, parts=3):
+    for f in ["model.pt", *(f"rank{k}/model.pt" for k in range(parts))]:
         x, y = torch.load(a / f), torch.load(b / f)
         assert all(torch.equal(x[n], y[n]) for n in x), f
 
 
+# (extra flags, the step the run stops after): the first line above 1e6 (step 5, a round boundary); with client
+# sampling (4 partitions, 2 a round) at a round boundary, where the next round has not begun; mid-round (rounds of
+# 10: the partial round is averaged); the second line (step 5's mean, 1.3e6, is under 1e7; step 10's, over 6 steps
+# 6-10 alone, 1.4e8, is above it: the window restarts at every line)
+STOPS = {"boundary": ([], 5), "sampled": (["--partitions", "4", "--client-fraction", "0.5"], 5),
+         "mid-round": (["--iter-local", "10"], 5), "second-line": (["--divergence-loss", "1e7"], 10)}
+
+
 @pytest.mark.parametrize("engine", ["threads", "pool"])
-def test_a_diverging_run_stops_at_the_first_log_line_above_the_limit(engine, tmp_path):
-    """lr 1e4: the mean loss at step 5 is 1.3e6 > 1e6, so the 60-step run ends after step 5. It equals a
-    plain 5-step run (weights, bytes, messages, accuracies, losses) but for diverged_at_step, and its
-    metrics.jsonl holds the one line of step 5 with the final evaluation. Without the flag it runs all 60."""
-    stopped = _run(tmp_path / "stopped", "--lr", "1e4", "--steps", "60", "--engine", engine, "--divergence-loss", "1e6")
-    short = _run(tmp_path / "short", "--lr", "1e4", "--steps", "5", "--engine", engine)
-    assert stopped["diverged_at_step"] == 5 and short["diverged_at_step"] is None
-    assert stopped["final_train_loss"] > 1e6
+@pytest.mark.parametrize("case", list(STOPS))
+def test_a_diverging_run_stops_at_the_first_log_line_above_the_limit(engine, case, tmp_path):
+    """lr 1e4 makes the mean loss grow about 100x every 5 steps. The 60-step run ends after the first log
+    step whose mean loss since the line before is above the limit, and equals a plain run of that many
+    steps (weights of the global model and every partition, bytes, messages, accuracies, losses) but for
+    diverged_at_step; its metrics.jsonl ends with that step's line, with the final evaluation. Without
+    the flag it runs all 60."""
+    extra, at = STOPS[case]
+    parts = 4 if "--partitions" in extra else 3
+    stopped = _run(tmp_path / "stopped", "--lr", "1e4", "--steps", "60", "--engine", engine, "--divergence-loss", "1e6",
+                   *extra)
+    short = _run(tmp_path / "short", "--lr", "1e4", "--steps", str(at), "--engine", engine,
+                 *[x for x in extra if x != "1e7" and x != "--divergence-loss"])
+    assert stopped["diverged_at_step"] == at and short["diverged_at_step"] is None
+    assert stopped["final_train_loss"] > (1e7 if case == "second-line" else 1e6)
     for key in SAME:
         assert stopped[key] == short[key], key
-    _models_equal(tmp_path / "stopped", tmp_path / "short")
+    _models_equal(tmp_path / "stopped", tmp_path / "short", parts)
     lines = [json.loads(x) for x in (tmp_path / "stopped" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in lines] == [5] and "val_accuracy" in lines[0]
-    full = _run(tmp_path / "full", "--lr", "1e4", "--steps", "60", "--engine", engine)
-    assert full["steps"] == 60 and full["diverged_at_step"] is None and full["final_train_loss"] > 1e20
+    assert [r["step"] for r in lines] == list(range(5, at + 1, 5)) and "val_accuracy" in lines[-1]
+    if case == "boundary":
+        full = _run(tmp_path / "full", "--lr", "1e4", "--steps", "60", "--engine", engine)
+        assert full["steps"] == 60 and full["diverged_at_step"] is None and full["final_train_loss"] > 1e20
 
 
 @pytest.mark.parametrize("engine", ["threads", "pool"])
@@ -80,13 +97,13 @@ def test_nan_stops_a_run_at_limit_inf(tmp_path, capsys):
 
 @pytest.mark.integration
 def test_every_process_stops_at_the_same_step_under_torchrun(tmp_path, monkeypatch):
-    """Two processes of 3 and 3 partitions (gloo): both leave the loop after step 5 and the run ends normally
-    with the same summary as the one-process run."""
+    """Two processes of 3 and 3 partitions (threads engine, gloo between the processes): both leave the loop
+    after step 5 and the run ends normally with the same summary as the one-process run."""
     from tests.support.procs import run_torchrun
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(var, raising=False)
     argv = [*BASE[:-6], "--partitions", "6", "--algo", "fedavg", "--iter-local", "5", "--lr", "1e4", "--steps", "60",
-            "--divergence-loss", "1e6"]
+            "--divergence-loss", "1e6", "--engine", "threads"]
     one = tmp_path / "one"
     assert main([*argv, "--out", str(one)]) == 0
     r = run_torchrun(2, [*argv, "--out", str(tmp_path / "two")], timeout_s=180)

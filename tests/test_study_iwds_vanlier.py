@@ -423,7 +423,13 @@ def test_iwds_paired_against_fedavg_by_seed(tmp_path):
     # early: -0.02 and -0.04: mean -0.03, sd 0.0141, t = -3 at 1 df: p = 2 atan(1 / 3) / pi
     assert fp_u["early_accuracy"]["mean"] == pytest.approx(-0.03) and fp_u["early_accuracy"]["above"] == 0
     assert fp_u["early_accuracy"]["p"] == pytest.approx(2 * math.atan(1 / 3) / math.pi)
-    assert fp_u["roughness"]["diffs"] == pytest.approx([-0.002, 0.0])
+    assert fp_u["roughness"]["diffs"] == pytest.approx([-0.002, 0.0]) and fp_u["roughness"]["seeds"] == [0, 1]
+    # a measure missing on one side drops that seed from that measure only; differences equal up to rounding
+    # (0.3 - 0.2 and 0.4 - 0.3 as floats) have no spread and no p
+    rows[2]["early_accuracy"] = None
+    fp_u = iwds.paired_comparisons(args, rows)[2]
+    assert fp_u["early_accuracy"]["seeds"] == [0] and fp_u["final_accuracy"]["seeds"] == [0, 1]
+    assert iwds.paired_t_p([0.3 - 0.2, 0.4 - 0.3]) is None and iwds.paired_t_p([0.1, 0.2]) is not None
     assert comps[3]["seeds"] == [0] and comps[3]["final_accuracy"]["sd"] is None and comps[3]["final_accuracy"]["p"] is None
     assert comps[0]["seeds"] == [0] and comps[0]["early_accuracy"]["mean"] == pytest.approx(0.02)
     assert iwds.paired_text(comps[3]["early_accuracy"]) == "-2.00 pp (0/1 above 0)"

@@ -28,6 +28,7 @@ internal state (tensors) and statistics (DESIGN.md style rule 5).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -242,6 +243,12 @@ class Algorithm:
 
     def after_step(self, step: int, lr: float) -> None:
         """Parameter/update exchange (default: none)."""
+
+    def end_after(self, step: int) -> None:
+        """The run ends after ``step``, before its planned length (``--divergence-loss``): called
+        before that step's hooks, so that this step is the last one as in a run of ``step + 1``
+        steps (FedAvg then begins no further round)."""
+        self.ctx = dataclasses.replace(self.ctx, total_steps=step + 1)
 
     def finish(self) -> None:
         """Called once after the last step (e.g. FedAvg's final averaging)."""

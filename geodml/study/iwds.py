@@ -352,7 +352,7 @@ def paired_t_p(diffs: list[float]) -> float | None:
     freedom); None below two differences or when they do not vary."""
     n = len(diffs)
     mean, sd = mean_sd(diffs)
-    if n < 2 or mean is None or not sd:
+    if n < 2 or mean is None or sd is None or sd <= 1e-12 * max(1.0, abs(mean)):  # equal up to rounding: no spread
         return None
     from scipy import stats  # scikit-learn's dependency: always installed with geodml
     return float(2.0 * stats.t.sf(abs(mean / (sd / math.sqrt(n))), n - 1))
@@ -366,9 +366,11 @@ def paired(minuend: list[dict], subtrahend: list[dict]) -> dict:
              if r["final_accuracy"] is not None and r["seed"] in base]
     out: dict[str, Any] = {"seeds": [a["seed"] for a, _ in pairs]}
     for key in PAIRED_MEASURES:
-        diffs = [a[key] - b[key] for a, b in pairs if a[key] is not None and b[key] is not None]
+        both = [(a["seed"], a[key] - b[key]) for a, b in pairs if a[key] is not None and b[key] is not None]
+        diffs = [d for _, d in both]
         mean, sd = mean_sd(diffs)
-        out[key] = {"diffs": diffs, "mean": mean, "sd": sd, "above": sum(d > 0 for d in diffs), "p": paired_t_p(diffs)}
+        out[key] = {"seeds": [seed for seed, _ in both], "diffs": diffs, "mean": mean, "sd": sd,
+                    "above": sum(d > 0 for d in diffs), "p": paired_t_p(diffs)}
     return out
 
 
@@ -595,7 +597,7 @@ def write_csvs(rep: dict, out: Path) -> list[Path]:
     """NAME.csv (one row per run), NAME_cells.csv (one per cell and sampler), NAME_curves.csv
     (one per run and evaluated round: every curve the report rests on, so that a write-up can be
     rechecked without the run directories) and NAME_paired.csv (one per paired comparison and
-    measure; seeds and per-seed differences ';'-separated, in seed order)."""
+    measure; the seeds that measure pairs and their differences, ';'-separated, in seed order)."""
     runs_csv, cells_csv, curves_csv = out / f"{NAME}.csv", out / f"{NAME}_cells.csv", out / f"{NAME}_curves.csv"
     paired_csv = out / f"{NAME}_paired.csv"
     with open(paired_csv, "w", newline="") as f:
@@ -605,7 +607,7 @@ def write_csvs(rep: dict, out: Path) -> list[Path]:
             for key in PAIRED_MEASURES:
                 m = c[key]
                 pw.writerow([c["comparison"], c["algo"], c["partition"], fmt(c["param"]), c["sampler"],
-                            ";".join(map(str, c["seeds"])), key, ";".join(repr(d) for d in m["diffs"]),
+                            ";".join(map(str, m["seeds"])), key, ";".join(repr(d) for d in m["diffs"]),
                             *("" if m[k] is None else m[k] for k in ("mean", "sd", "above", "p"))])
     with open(runs_csv, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=RUN_FIELDS, extrasaction="ignore")
