@@ -104,6 +104,13 @@ _STEP_SLOTS = threading.BoundedSemaphore(_CORES)
 _GPU_EVAL_SLOTS = threading.BoundedSemaphore(1)
 
 
+def logs_after(step: int, *, total_steps: int, eval_every: int, log_every: int, eval_at: frozenset[int]) -> bool:
+    """Whether the training loop writes a log line after ``step`` (0-based; the last step's line comes
+    from the final evaluation instead): the step ``--divergence-loss`` checks on."""
+    n = step + 1
+    return n < total_steps and (n % eval_every == 0 or n in eval_at or n % log_every == 0)
+
+
 def diverged(loss_sum: float, loss_count: float, limit: float) -> bool:
     """``--divergence-loss``: whether a mean training loss (``loss_sum / loss_count`` over the steps
     since the last log line; no step counted: not diverged) is NaN, infinite or above ``limit``."""
@@ -375,17 +382,13 @@ class Trainer:
         self.algo.step(step, lr)
         return lr
 
-    def _logs_after(self, step: int) -> bool:
-        """Whether the loop writes a log line after ``step`` (the last step's comes from _finish)."""
-        n = step + 1
-        return n < self.total_steps and (n % self.eval_every == 0 or n in self.eval_at or n % self.log_every == 0)
-
     def _check_divergence(self, step: int) -> None:
         """--divergence-loss: before the hooks of a step that ends in a log line, whether the mean training
         loss over every partition since the last line (this step's included) is NaN, infinite or above
         the limit (one uncharged collective: every rank answers alike, at the same step). If so, this
         step becomes the last, as in a run of ``step + 1`` steps (``Algorithm.end_after``)."""
-        if self.divergence_loss is None or not self._logs_after(step):
+        if self.divergence_loss is None or not logs_after(step, total_steps=self.total_steps, eval_every=self.eval_every,
+                                                          log_every=self.log_every, eval_at=self.eval_at):
             return
         t = torch.tensor([self.state.loss_sum, float(self.state.loss_count)], dtype=torch.float64)
         self.comm.meta_all_reduce(t)
