@@ -612,8 +612,8 @@ def parse_2019(argv: list[str]) -> argparse.Namespace:
                    "0.05,0.1,0.2,0.4)")
     p.add_argument("--momentum-fractions", type=finite_floats, help="report goals C of the FedAvgM cells (default: quick "
                    "0.1, full 0.05)")
-    p.add_argument("--betas", type=finite_floats, help="FedAvgM server momenta (default: quick 0.9, full 0.7,0.9,0.97,0.99,"
-                   "0.997)")
+    p.add_argument("--betas", type=finite_floats, help="FedAvgM server momenta, Nesterov with server lr 1 as the paper's "
+                   "implementation (default: quick 0.9, full 0.7,0.9,0.97,0.99,0.997)")
     p.add_argument("--fedavg-only", action="store_true", help="FedAvg cells alone (the paper's Figure 2), no FedAvgM: "
                    "neither --momentum-fractions nor --betas may be given")
     p.add_argument("--lrs", type=finite_floats, help="effective learning rates eta_eff = eta/(1-beta) of every cell's grid "
