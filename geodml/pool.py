@@ -418,11 +418,13 @@ class Pool:
         before its round ends, when a log line follows it, whether the mean training loss over every
         partition since the last line is NaN, infinite or above the limit (one uncharged reduction
         over the processes: every process answers alike)."""
-        from geodml.trainer import diverged, logs_after
         cfg = self.cfg
         limit = cfg.reliability.divergence_loss
-        if limit is None or not logs_after(step, total_steps=self.total_steps, eval_every=cfg.eval_every,
-                                           log_every=cfg.log_every, eval_at=self.eval_at):
+        if limit is None:  # off (the default): no work on this per-step path
+            return False
+        from geodml.trainer import diverged, logs_after
+        if not logs_after(step, total_steps=self.total_steps, eval_every=cfg.eval_every, log_every=cfg.log_every,
+                          eval_at=self.eval_at):
             return False
         t = self.group.sum_hosted([torch.tensor([self.loss_sum[k], float(self.loss_count[k])], dtype=torch.float64)
                                    for k in self.hosted])
