@@ -57,7 +57,7 @@ class ChannelsLastTwin:
         # the copied convolution weights and their gradients, and the model's (views into the flat buffers)
         self.convs: list[torch.Tensor] = []
         self.grads: list[torch.Tensor] = []
-        self.weights: list[torch.Tensor] = []
+        self.sources: list[torch.Tensor] = []  # the model's parameters (their .data: the bound partition's weights)
         self.flat_grads: list[torch.Tensor] = []
         for p, src in zip(params, flat.params):
             if p is not src:
@@ -65,7 +65,7 @@ class ChannelsLastTwin:
                 p.grad = torch.zeros_like(p)  # preserve_format: channels-last
                 self.convs.append(p)
                 self.grads.append(p.grad)
-                self.weights.append(src.data)
+                self.sources.append(src)
                 self.flat_grads.append(src.grad)
         self.xb = torch.empty_like(xb, memory_format=torch.channels_last) if xb.dim() == 4 else torch.empty_like(xb)
 
@@ -74,8 +74,8 @@ class ChannelsLastTwin:
         if self.model.training != model.training:
             self.model.train(model.training)
         with torch.no_grad():
-            for p, w, g in zip(self.convs, self.weights, self.grads):
-                p.copy_(w)
+            for p, src, g in zip(self.convs, self.sources, self.grads):
+                p.copy_(src.data)
                 g.zero_()
 
     def forward(self, model: nn.Module, xb: torch.Tensor) -> torch.Tensor:

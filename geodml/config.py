@@ -554,16 +554,9 @@ class RunConfig:
     metrics_linger_s: float = opt(10.0, flag="--metrics-linger", group="metrics", metavar="S",
                                   help="seconds the exporters stay up after the run so Prometheus scrapes the final "
                                   "values (with --metrics-port)")
-    partitions: int | None = opt(None, metavar="P", help="data partitions; with one process, P partitions run as P "
-                                 "threads of it (in-process messages, charged exactly as sent; docs/launch.md)",
+    partitions: int | None = opt(None, metavar="P", help="data partitions; each process hosts a block of them on "
+                                 "one engine (in-process messages, charged exactly as sent; docs/launch.md)",
                                  default_text="the number of processes")
-    engine: str = opt("auto", choices=("auto", "threads", "pool"), help="how a process runs its partitions: threads "
-                      "(every algorithm), pool (the FedAvg family, Gaia and DGC: partitions as state on one worker model, for "
-                      "100s to 10,000s of partitions; geodml/pool.py); auto: pool where it applies and P > processes, "
-                      "else threads")
-    vmap: bool = opt(False, help="FedAvg on the pool engine: each step's participants' forward and backward in one "
-                     "torch.func.vmap call instead of one after another (weights agree to float32 rounding, not bit "
-                     "for bit; on the CPU it measured no faster; geodml/stacked.py)")
     channels_last: bool = opt(False, help="train on a copy of the model whose convolution weights are channels-last, "
                               "synced with the flat weights every step: whole runs 1.07-1.19x faster on the CPU (cnn, "
                               "lenet, resnet20; docs/performance.md); gradients equal to float32 rounding, not bit for bit, "
@@ -592,8 +585,6 @@ class RunConfig:
         _check(not self.channels_last or self.model.model in CONV_MODELS,
                f"--channels-last: --model {self.model.model} has no convolutions (it applies to "
                f"{', '.join(CONV_MODELS)}); leave it out")
-        _check(not (self.channels_last and self.vmap), "--channels-last and --vmap: the vmap path computes every "
-               "participant's gradient in one call and has no channels-last copy; give one of them")
         _check(isinstance(self.threads, int) and self.threads >= 1,
                f"--threads must be an integer >= 1, got {self.threads!r}")
         _check(isinstance(self.metrics_port, int) and 0 <= self.metrics_port <= 65535,

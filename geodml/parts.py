@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from geodml.comm.api import RunComm
     from geodml.comm.topology import Topology
     from geodml.data.datasets import Dataset
+    from geodml.engine.worker import Worker
     from geodml.metrics.prometheus import PartitionSource, RankExporter
     from geodml.metrics.sinks import Sink
     from geodml.skewscout import SkewScout
@@ -242,19 +243,33 @@ def write_run_header(cfg: RunConfig, pre: Preflight, out: Path, *, comm: RunComm
     print(format_partition_table(report), flush=True)
 
 
+def build_worker(cfg: RunConfig, ds: Dataset, tensors: DeviceData, device: torch.device) -> Worker:
+    """The process's worker (geodml.engine.worker): the model with the run's initial weights (seeded
+    by the run's seed, so every partition starts from the same w_0), on ``device``."""
+    from geodml.algorithms import FlatParams
+    from geodml.engine.worker import Worker
+    from geodml.models import build_from_config, param_multipliers
+    model = build_from_config(cfg.model, ds.input_shape, ds.num_classes, generator_seed=cfg.seed,
+                              pixel_std=ds.pixel_std).to(device)
+    flat = FlatParams(model, param_multipliers(cfg.model, model))
+    return Worker(model, flat, train_x=tensors.train_x, train_y=tensors.train_y, optim=cfg.optim,
+                  channels_last=cfg.channels_last)
+
+
 def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: torch.device, stack: ExitStack,
                 startup: Startup, comm: RunComm | None = None, eval_cache: EvalCache | None = None,
-                host_exporter: RankExporter | None = None, tensors: DeviceData | None = None) -> Parts:
+                host_exporter: RankExporter | None = None, tensors: DeviceData | None = None,
+                worker: Worker | None = None) -> Parts:
     """Build every part of this rank's run (collective: every rank calls it in the same order).
     ``env`` is the partition's view (rank = partition, world size = partitions); ``comm``, when
     given, is the partition's in-process Comm (geodml.run hosts several partitions in one process);
-    ``tensors``: the dataset already on ``device``, shared by the partitions a process hosts."""
-    from geodml.algorithms import AlgoContext, FlatParams, build_algorithm
+    ``tensors``: the dataset already on ``device``, shared by the partitions a process hosts;
+    ``worker``: the process's model and shared buffers (geodml.engine.worker; None: one of its own)."""
+    from geodml.algorithms import AlgoContext, build_algorithm
     from geodml.checkpoint import Checkpointer, find_resume_step, fingerprint, resume_requested, truncate_metrics
     from geodml.comm import build_comm
     from geodml.data.partition import partition_report
     from geodml.metrics.sinks import MultiSink, Sink
-    from geodml.models import build_from_config, param_multipliers
     from geodml.peerwatch import fault_hook_from_env
     from geodml.runtime import collective_device
     from geodml.trainer import Schedule, TrainData, Trainer, steps_per_epoch
@@ -276,9 +291,10 @@ def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: 
     report = partition_report(labels, parts, ds.num_classes)
     startup.moved_to_preflight("data_s", pre.data_s)
 
-    model = build_from_config(cfg.model, ds.input_shape, ds.num_classes, generator_seed=cfg.seed,
-                              pixel_std=ds.pixel_std).to(device)
-    flat = FlatParams(model, param_multipliers(cfg.model, model))
+    t = tensors or DeviceData.of(ds, device)
+    if worker is None:  # this partition alone in its process: a worker of its own
+        worker = build_worker(cfg, ds, t, device)
+    model, flat = worker.model, worker.new_partition(rank)  # the model is bound to this partition's weights
     spe = steps_per_epoch(len(labels), world, cfg.optim.batch_size)
     total_steps, eval_at = training_length(cfg, np.asarray([len(p) for p in parts]), spe)
     ctx = AlgoContext(rank=rank, world_size=world, seed=cfg.seed, steps_per_epoch=spe, total_steps=total_steps,
@@ -300,7 +316,6 @@ def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: 
     stack.callback(sink.close)
     rundir.rank_dir(out, rank).mkdir(parents=True, exist_ok=True)
 
-    t = tensors or DeviceData.of(ds, device)
     data = TrainData(train_x=t.train_x, train_y=t.train_y, test_x=t.test_x, test_y=t.test_y,
                      local_indices=parts[rank], own_eval_indices=pre.own_eval_indices)
     skewscout = None
@@ -308,7 +323,7 @@ def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: 
         from geodml.skewscout import ModelTraveler, SkewScout
         traveler = ModelTraveler(rank=rank, world_size=world, model=model, flat=flat, comm=comm,
                                  train_x=data.train_x, train_y=data.train_y, local_indices=parts[rank],
-                                 samples=cfg.skewscout.samples(world), seed=cfg.seed)
+                                 samples=cfg.skewscout.samples(world), seed=cfg.seed, visitor=worker.visitor())
         skewscout = SkewScout(cfg=cfg.skewscout, algo=algo, traveler=traveler, comm=comm, rank=rank, world_size=world,
                               model_bytes=flat.numel * flat.data.element_size(), total_steps=total_steps,
                               seed=cfg.seed)
@@ -320,7 +335,7 @@ def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: 
                         log_every=cfg.log_every, seed=cfg.seed, eval_at=eval_at,
                         divergence_loss=cfg.reliability.divergence_loss)
     trainer = Trainer(model=model, flat=flat, algo=algo, comm=comm, data=data, schedule=schedule, sink=sink,
-                      skewscout=skewscout, step_hooks=step_hooks, eval_cache=eval_cache, channels_last=cfg.channels_last)
+                      skewscout=skewscout, step_hooks=step_hooks, eval_cache=eval_cache, shared=worker)
     if resume_step is not None:
         checkpointer.restore(trainer, resume_step)
         if is0:

@@ -244,6 +244,15 @@ class Schedule:
     """End the loop at the first log step whose mean training loss is not finite or above this (``--divergence-loss``)."""
 
 
+class SharedBuffers(Protocol):
+    """Minibatch buffers a process's partitions share (geodml.engine.worker.Worker)."""
+
+    xb: torch.Tensor
+    yb: torch.Tensor
+    idx: torch.Tensor
+    twin: ChannelsLastTwin | None
+
+
 class Minibatch(Protocol):
     """What :func:`local_gradient` works with: a model over a flat buffer, the training tensors and
     preallocated minibatch buffers (a :class:`Trainer`, or geodml.pool's worker)."""
@@ -296,7 +305,7 @@ class Trainer:
     def __init__(self, *, model: nn.Module, flat: FlatParams, algo: Algorithm, comm: RunComm, data: TrainData,
                  schedule: Schedule, sink: Sink | None = None, skewscout: SkewScout | None = None,
                  step_hooks: Sequence[Callable[[Trainer], None]] = (), eval_cache: EvalCache | None = None,
-                 channels_last: bool = False) -> None:
+                 channels_last: bool = False, shared: SharedBuffers | None = None) -> None:
         self.rank, self.world_size = comm.rank, comm.world_size
         self.eval_cache = eval_cache  # shared by the partitions of one process (geodml.run hosts them)
         self.model, self.flat, self.algo, self.comm, self.optim = model, flat, algo, comm, schedule.optim
@@ -313,11 +322,13 @@ class Trainer:
         self.state = TrainState()
         optim, train_x, train_y = schedule.optim, data.train_x, data.train_y
         device = flat.data.device
-        # Preallocated minibatch buffers (no per-step tensor churn).
-        self.xb = torch.empty((optim.batch_size, *train_x.shape[1:]), dtype=train_x.dtype, device=device)
-        self.yb = torch.empty(optim.batch_size, dtype=train_y.dtype, device=device)
-        self.idx = torch.empty(optim.batch_size, dtype=torch.int64, device=device)
-        self.twin = ChannelsLastTwin(model, flat, self.xb) if channels_last else None
+        if shared is not None:  # the process's worker (geodml.engine.worker): shared by its partitions
+            self.xb, self.yb, self.idx, self.twin = shared.xb, shared.yb, shared.idx, shared.twin
+        else:  # preallocated minibatch buffers (no per-step tensor churn)
+            self.xb = torch.empty((optim.batch_size, *train_x.shape[1:]), dtype=train_x.dtype, device=device)
+            self.yb = torch.empty(optim.batch_size, dtype=train_y.dtype, device=device)
+            self.idx = torch.empty(optim.batch_size, dtype=torch.int64, device=device)
+            self.twin = ChannelsLastTwin(model, flat, self.xb) if channels_last else None
         # Scratch for the averaged global model (swap in, evaluate, swap back).
         self._backup = torch.empty_like(flat.data)
         self._buf_backup = [torch.empty_like(b) for b in flat.float_buffers]
@@ -325,6 +336,7 @@ class Trainer:
         self.wall_t0 = time.monotonic()
         self.resumed_wall_s = 0.0  # the training wall time a restored checkpoint had recorded (0: a fresh run)
         self.diverged_at_step: int | None = None  # --divergence-loss ended the loop after this step
+        self._grad_keep: torch.Tensor | None = None  # --divergence-loss: the gradient across its check's wait
 
     # ---- checkpoint ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -391,7 +403,13 @@ class Trainer:
                                                           log_every=self.log_every, eval_at=self.eval_at):
             return
         t = torch.tensor([self.state.loss_sum, float(self.state.loss_count)], dtype=torch.float64)
+        # The reduction waits for the other partitions; when the process hosts several (geodml.engine)
+        # they run meanwhile and the gradient buffer is theirs to use: keep this step's gradient aside.
+        if self._grad_keep is None:
+            self._grad_keep = torch.empty_like(self.flat.grad)
+        self._grad_keep.copy_(self.flat.grad)
         self.comm.meta_all_reduce(t)
+        self.flat.grad.copy_(self._grad_keep)
         if diverged(float(t[0]), float(t[1]), self.divergence_loss):
             self.diverged_at_step = step + 1
             self.algo.end_after(step)

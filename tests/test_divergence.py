@@ -50,9 +50,8 @@ STOPS = {"boundary": ([], 5), "sampled": (["--partitions", "4", "--client-fracti
          "mid-round": (["--iter-local", "10"], 5), "second-line": (["--divergence-loss", "1e7"], 10)}
 
 
-@pytest.mark.parametrize("engine", ["threads", "pool"])
 @pytest.mark.parametrize("case", list(STOPS))
-def test_a_diverging_run_stops_at_the_first_log_line_above_the_limit(engine, case, tmp_path):
+def test_a_diverging_run_stops_at_the_first_log_line_above_the_limit(case, tmp_path):
     """lr 1e4 makes the mean loss grow about 100x every 5 steps. The 60-step run ends after the first log
     step whose mean loss since the line before is above the limit, and equals a plain run of that many
     steps (weights of the global model and every partition, bytes, messages, accuracies, losses) but for
@@ -60,9 +59,9 @@ def test_a_diverging_run_stops_at_the_first_log_line_above_the_limit(engine, cas
     the flag it runs all 60."""
     extra, at = STOPS[case]
     parts = 4 if "--partitions" in extra else 3
-    stopped = _run(tmp_path / "stopped", "--lr", "1e4", "--steps", "60", "--engine", engine, "--divergence-loss", "1e6",
+    stopped = _run(tmp_path / "stopped", "--lr", "1e4", "--steps", "60", "--divergence-loss", "1e6",
                    *extra)
-    short = _run(tmp_path / "short", "--lr", "1e4", "--steps", str(at), "--engine", engine,
+    short = _run(tmp_path / "short", "--lr", "1e4", "--steps", str(at),
                  *[x for x in extra if x != "1e7" and x != "--divergence-loss"])
     assert stopped["diverged_at_step"] == at and short["diverged_at_step"] is None
     assert stopped["final_train_loss"] > (1e7 if case == "second-line" else 1e6)
@@ -72,15 +71,14 @@ def test_a_diverging_run_stops_at_the_first_log_line_above_the_limit(engine, cas
     lines = [json.loads(x) for x in (tmp_path / "stopped" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines] == list(range(5, at + 1, 5)) and "val_accuracy" in lines[-1]
     if case == "boundary":
-        full = _run(tmp_path / "full", "--lr", "1e4", "--steps", "60", "--engine", engine)
+        full = _run(tmp_path / "full", "--lr", "1e4", "--steps", "60")
         assert full["steps"] == 60 and full["diverged_at_step"] is None and full["final_train_loss"] > 1e20
 
 
-@pytest.mark.parametrize("engine", ["threads", "pool"])
-def test_a_run_below_the_limit_is_unchanged(engine, tmp_path):
+def test_a_run_below_the_limit_is_unchanged(tmp_path):
     """At lr 0.05 the loss stays below 100: --divergence-loss 100 changes no bit of the run."""
-    plain = _run(tmp_path / "plain", "--lr", "0.05", "--steps", "30", "--engine", engine)
-    watched = _run(tmp_path / "watched", "--lr", "0.05", "--steps", "30", "--engine", engine, "--divergence-loss", "100")
+    plain = _run(tmp_path / "plain", "--lr", "0.05", "--steps", "30")
+    watched = _run(tmp_path / "watched", "--lr", "0.05", "--steps", "30", "--divergence-loss", "100")
     assert watched["diverged_at_step"] is None and watched["steps"] == 30
     for key in SAME:
         assert plain[key] == watched[key], key
@@ -97,13 +95,13 @@ def test_nan_stops_a_run_at_limit_inf(tmp_path, capsys):
 
 @pytest.mark.integration
 def test_every_process_stops_at_the_same_step_under_torchrun(tmp_path, monkeypatch):
-    """Two processes of 3 and 3 partitions (threads engine, gloo between the processes): both leave the loop
+    """Two processes of 3 and 3 partitions (gloo between the processes): both leave the loop
     after step 5 and the run ends normally with the same summary as the one-process run."""
     from tests.support.procs import run_torchrun
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(var, raising=False)
     argv = [*BASE[:-6], "--partitions", "6", "--algo", "fedavg", "--iter-local", "5", "--lr", "1e4", "--steps", "60",
-            "--divergence-loss", "1e6", "--engine", "threads"]
+            "--divergence-loss", "1e6"]
     one = tmp_path / "one"
     assert main([*argv, "--out", str(one)]) == 0
     r = run_torchrun(2, [*argv, "--out", str(tmp_path / "two")], timeout_s=180)

@@ -105,44 +105,6 @@ def test_abs_ge_indices_matches_numpy_with_ties():
 
 
 @needs_ext
-def test_gaia_add_rows_equals_the_threads_engines_adds_bit_for_bit():
-    """The pool's row update (geodml.pool_gaia) against Gaia.add_update on each partition's own
-    weights, sender by sender in rank order (the threads engine's Gaia.apply_received): dense,
-    sparse and empty updates, a process hosting partitions 2-4 of 7 (each skips its own)."""
-    rng = np.random.default_rng(3)
-    n, P, start, h = 1_000, 7, 2, 3
-    gaia = _gaia(n, 0, 1.0)
-    W0 = (rng.standard_normal((h, n)) * 10).astype(np.float32)
-    updates: list[list[np.ndarray]] = []
-    for src in range(P):
-        if src == 1:
-            updates.append([])                                                     # nothing significant
-        elif src in (3, 5):
-            updates.append([(rng.standard_normal(n) * 1e-3).astype(np.float32)])  # dense
-        else:
-            m = int(rng.integers(1, n // 2))
-            idx = rng.permutation(n)[:m].astype(np.int32)                          # unique, any order
-            updates.append([idx, (rng.standard_normal(m) * 1e-3).astype(np.float32)])
-    rows = W0.copy()
-    assert kernels.compiled.gaia_add_rows(rows, start, updates) is None
-    for r in range(h):
-        w = torch.from_numpy(W0[r].copy())
-        for src in range(P):
-            if src != start + r:
-                gaia.add_update(w, updates[src])
-        assert np.array_equal(rows[r].view(np.int32), w.numpy().view(np.int32)), r
-        own = updates[start + r]                                                   # and it was left out:
-        expected = W0[r].astype(np.float64)
-        for src in range(P):
-            if src != start + r and updates[src]:
-                if len(updates[src]) == 1:
-                    expected += updates[src][0]
-                else:
-                    np.add.at(expected, updates[src][0], updates[src][1])
-        assert np.allclose(rows[r], expected, rtol=0, atol=1e-5), (r, len(own))
-
-
-@needs_ext
 def test_gaia_add_rows_refuses_bad_updates_before_writing():
     rows = np.zeros((2, 8), dtype=np.float32)
     ok = [np.array([1, 2], dtype=np.int32), np.ones(2, dtype=np.float32)]

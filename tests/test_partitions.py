@@ -198,16 +198,15 @@ def test_partition_eval_rows_are_a_seeded_sample_of_the_test_set():
         partition_eval_indices(359, 360, 0)
 
 
-@pytest.mark.parametrize("engine", ["threads", "pool"])
-def test_partition_eval_examples_score_each_own_model_on_those_rows_and_the_global_on_all(engine, tmp_path):
+def test_partition_eval_examples_score_each_own_model_on_those_rows_and_the_global_on_all(tmp_path):
     """Gaia's six partitions hold six different models. With --partition-eval-examples 100 each
     partition's summary accuracy is its saved model's accuracy on the 100 seeded rows, recomputed
     here with a plain forward pass; the global model is still scored on all 359 test examples."""
     from geodml.data.datasets import load_dataset
     from geodml.models import build_model
     from geodml.trainer import partition_eval_indices
-    out = tmp_path / engine
-    argv = [*BASE, *ALGOS["gaia-skewscout"][:4], "--steps", "12", "--seed", "3", "--engine", engine,
+    out = tmp_path / "run"
+    argv = [*BASE, *ALGOS["gaia-skewscout"][:4], "--steps", "12", "--seed", "3",
             "--partition-eval-examples", "100", "--out", str(out)]
     assert main(argv) == 0
     s = _load(out)
@@ -231,16 +230,15 @@ EVAL_AT_FLAGS = {"fedavg": ["--algo", "fedavg", "--iter-local", "5"], "gaia": ["
                  "fedavg-bn": ["--algo", "fedavg", "--iter-local", "5", "--norm", "batch"]}
 
 
-@pytest.mark.parametrize("engine,algo", [("threads", "fedavg"), ("pool", "fedavg"), ("pool", "gaia"), ("threads", "gaia"),
-                                         ("threads", "fedavg-bn")])
-def test_eval_at_adds_validations_at_those_steps_and_changes_no_weight(engine, algo, tmp_path):
+@pytest.mark.parametrize("algo", ["fedavg", "gaia", "fedavg-bn"])
+def test_eval_at_adds_validations_at_those_steps_and_changes_no_weight(algo, tmp_path):
     """--eval-at 5,25 with --eval-every 15 over 30 steps validates the global model after steps
     5, 15, 25 and 30 (the end), where the run without it validates after 15 and 30; both runs
     end with the same bits in every model (Gaia's six differ; BatchNorm's buffers included) and
     the same accuracies at the steps they share. FedAvg takes rounds of 5 steps, so 5 and 25 are
     round ends there."""
     from geodml.report import load_run
-    argv = [*BASE, *EVAL_AT_FLAGS[algo], "--engine", engine]
+    argv = [*BASE, *EVAL_AT_FLAGS[algo]]
     plain, extra = tmp_path / "plain", tmp_path / "extra"
     assert main([*argv, "--out", str(plain)]) == 0
     assert main([*argv, "--eval-at", "25,5", "--out", str(extra)]) == 0

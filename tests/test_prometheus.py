@@ -263,10 +263,9 @@ def test_a_process_exporter_sums_its_partitions_per_region():
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("engine,algo,by_region", [("threads", ["--algo", "gaia", "--t0", "0.05"], False),
-                                                    ("pool", ["--algo", "fedavg", "--client-fraction", "0.5",
-                                                              "--iter-local", "4"], True)])
-def test_hosted_partitions_are_served_by_one_exporter_per_process(tmp_path, monkeypatch, engine, algo, by_region):
+@pytest.mark.parametrize("algo,by_region", [(["--algo", "gaia", "--t0", "0.05"], False),
+                                            (["--algo", "fedavg", "--client-fraction", "0.5", "--iter-local", "4"], True)])
+def test_hosted_partitions_are_served_by_one_exporter_per_process(tmp_path, monkeypatch, algo, by_region):
     """P = 4 on one process: one endpoint; by partition, or (the limit lowered to 2) by region;
     the bytes it serves add up to summary.json's."""
     import threading
@@ -278,7 +277,7 @@ def test_hosted_partitions_are_served_by_one_exporter_per_process(tmp_path, monk
         monkeypatch.setattr(prom, "PARTITION_LABEL_LIMIT", 2)
     port, out = free_base(1), tmp_path / "run"
     argv = ["--dataset", "digits", "--partitions", "4", "--steps", "12", "--wan", "virtual", "--no-progress",
-            "--engine", engine, *algo, "--metrics-port", str(port), "--metrics-linger", "5", "--out", str(out)]
+            *algo, "--metrics-port", str(port), "--metrics-linger", "5", "--out", str(out)]
     rc: list[int] = []
     runner = threading.Thread(target=lambda: rc.append(main(argv)), daemon=True)
     runner.start()

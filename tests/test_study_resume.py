@@ -167,15 +167,14 @@ def test_checkpoint_cadence_is_not_part_of_a_runs_identity(tmp_path):
 
 
 @pytest.mark.parametrize("argv, nproc, processes, steps", [
-    # FedAvg with sampling over hosted partitions runs on the pool engine: checkpoints would move it to threads
-    (("--algo", "fedavg", "--iter-local", "4", "--client-fraction", "0.5"), 10, 1, 0),
+    # every run checkpoints (one engine for every algorithm and process count)
+    (("--algo", "fedavg", "--iter-local", "4", "--client-fraction", "0.5"), 10, 1, AUTO_CHECKPOINT_STEPS),
     (("--algo", "fedavg", "--iter-local", "4"), 10, 0, AUTO_CHECKPOINT_STEPS),  # one process per partition
-    (("--algo", "fedavg", "--local-epochs", "1", "--iwds", "0.9,0.1,0.5"), 10, 1, AUTO_CHECKPOINT_STEPS),  # threads
-    (("--algo", "fedavg", "--iter-local", "4", "--engine", "threads"), 10, 2, AUTO_CHECKPOINT_STEPS),
+    (("--algo", "fedavg", "--local-epochs", "1", "--iwds", "0.9,0.1,0.5"), 10, 1, AUTO_CHECKPOINT_STEPS),
     (("--algo", "gaia", "--checkpoint-every", "50"), 4, 0, 0),  # the study's own flag decides
     (("--no-such-flag",), 4, 0, 0),  # validate_spec reports it
 ])
-def test_default_cadence_skips_the_pool_engine(argv, nproc, processes, steps):
+def test_default_cadence_is_the_study_flags_or_auto(argv, nproc, processes, steps):
     assert auto_checkpoint_every(RunSpec("r", "x", argv, nproc, processes=processes)) == steps
 
 

@@ -112,7 +112,11 @@ class FlatParams:
                 self.layers.append((first, n))
         assert sum(n for _, n in self.layers) == self.numel and \
             all(a + n == b for (a, n), (b, _) in zip(self.layers, self.layers[1:])), "layers tile the flat buffer"
-        self.float_buffers = [b for b in model.buffers() if b.is_floating_point()]
+        self.buffers: list[torch.Tensor] = list(model.buffers())
+        """Every buffer of the model (floating or not: BatchReNorm's step counter), in ``model.buffers()`` order."""
+        self.float_buffers = [b for b in self.buffers if b.is_floating_point()]
+        self.views: list[torch.Tensor] = [p.data for p in params]
+        """Each parameter's view into ``data``, in ``params`` order."""
         self.lr_mult: torch.Tensor | None = None
         self.decay_mult: torch.Tensor | None = None
         if multipliers:
@@ -130,6 +134,22 @@ class FlatParams:
 
     def zero_grad(self) -> None:
         self.grad.zero_()
+
+    def own_copy(self) -> FlatParams:
+        """A partition's own weights and buffers: copies of this one's ``data`` and ``buffers``, sharing
+        its gradient, parameters, layers and multipliers (geodml.engine.worker binds the model to it).
+        ``views`` and ``float_buffers`` are the copy's own."""
+        other = FlatParams.__new__(FlatParams)
+        other.numel, other.grad, other.params, other.layers = self.numel, self.grad, self.params, self.layers
+        other.lr_mult, other.decay_mult = self.lr_mult, self.decay_mult
+        other.data = self.data.clone()
+        offsets = [0]
+        for v in self.views:
+            offsets.append(offsets[-1] + v.numel())
+        other.views = [other.data[a:b].view_as(v) for v, a, b in zip(self.views, offsets, offsets[1:])]
+        other.buffers = [b.clone() for b in self.buffers]
+        other.float_buffers = [b for b in other.buffers if b.is_floating_point()]
+        return other
 
 
 def regularize(flat: FlatParams, weight_decay: float) -> None:

@@ -13,13 +13,12 @@ For each configuration, side by side in one invocation:
   result), then the average; for Gaia and DGC, P models each taking one momentum-SGD step per step,
   one after another, with no communication at all. Partition-steps per second the same way.
 * **memory**: each process's peak RSS (the partitions' startup.json reports), summed over the R
-  processes, minus R times the fixed cost of one process (the peak RSS of a FedAvg run with P = R,
-  on the engine the row runs on: the pool for FedAvg and Gaia on the CPU, threads otherwise),
+  processes, minus R times the fixed cost of one process (the peak RSS of a FedAvg run with P = R),
   against the partitions' own state in float32: P x (weights + momentum), and for Gaia and DGC
   their accumulated updates v^k besides (Algorithm 1's and DGC's state: 3 model-sized vectors).
 
 ``--device cuda``: geodml's partitions and the plain loop train on the GPU (the partitions of a
-process share its GPU, on the threads engine; the pool engine runs on the CPU), the plain loop's
+process share its GPU), the plain loop's
 clock stops after ``torch.cuda.synchronize()``, and memory is the processes' peak of
 ``torch.cuda.max_memory_allocated`` (GPU memory, not RSS), the fixed cost measured the same way.
 
@@ -193,7 +192,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=0, help="steps per run (default 100; quick 60)")
     p.add_argument("--model", default="lenet")
     p.add_argument("--no-gaia-dgc", action="store_true", help="skip Gaia and DGC at P = 100")
-    p.add_argument("--vmap", action="store_true", help="also FedAvg at P = 100 with --vmap (geodml.stacked)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="where the partitions and the plain loop train (cuda: GPU memory instead of RSS)")
     a = p.parse_args(argv)
@@ -207,10 +205,6 @@ def main(argv: list[str] | None = None) -> int:
     configs = [Config("fedavg", P, R, ("--reset-momentum",) if P >= 10000 else ()) for P in ps for R in rs if R <= P]
     if a.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda needs CUDA, but torch.cuda.is_available() is False")
-    if a.vmap:
-        if a.device == "cuda":
-            raise ValueError("--vmap runs on the pool engine, which trains on the CPU: leave out --vmap with --device cuda")
-        configs += [Config("fedavg", 100, R, ("--vmap",)) for R in rs]
     if not a.no_gaia_dgc:
         configs += [Config(algo, 100, R) for algo in ("gaia", "dgc") for R in rs]
     own = {algo: own_state_bytes(algo, a.model, dataset) for algo in {c.algo for c in configs}}
@@ -218,16 +212,13 @@ def main(argv: list[str] | None = None) -> int:
     fixed: dict[tuple[int, bool], int] = {}
     with tempfile.TemporaryDirectory(prefix="geodml-bench-") as tmp:
         for cfg in configs:
-            # the fixed cost of a process: the same engine with one partition per process (FedAvg
-            # and Gaia run on the pool engine, whose process holds less than one partition's
-            # threads-engine set-up)
-            key = (cfg.processes, cfg.algo in ("fedavg", "gaia") and a.device == "cpu")
+            # the fixed cost of a process: FedAvg with one partition per process
+            key = (cfg.processes, a.device == "cpu")
             if key not in fixed:
-                engine = ("--engine", "pool") if key[1] else ()
                 # on a GPU with the cuBLAS workspaces that hosted partitions run with (P = R is not
                 # hosted and would keep the default 32 MiB ones, which are no part of a fixed cost)
                 env = HOSTED_GPU_ENV if a.device == "cuda" else None
-                fixed[key] = measure(Config("fedavg", cfg.processes, cfg.processes, engine), steps, Path(tmp),
+                fixed[key] = measure(Config("fedavg", cfg.processes, cfg.processes), steps, Path(tmp),
                                      dataset, a.model, a.device, env)[1]
             load = os.getloadavg()[0]
             rate, peak = measure(cfg, steps, Path(tmp), dataset, a.model, a.device)

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     import torch
 
     from geodml.config import CommConfig
+    from geodml.engine.hub import Hub
 
     def _both_comms_implement_the_contract(dist_comm: DistComm, in_process: InProcessComm) -> tuple[RunComm, RunComm]:
         """Never called: mypy checks here that both Comms implement RunComm, signatures included."""
@@ -99,13 +100,15 @@ def build_comm(cfg: CommConfig, *, rank: int, world_size: int, device: torch.dev
 
 
 def build_hosted_group(cfg: CommConfig, *, partitions: int, process: int, processes: int,
-                       topology: Topology | None = None, device: torch.device | None = None) -> InProcessGroup:
+                       topology: Topology | None = None, device: torch.device | None = None,
+                       hub: Hub | None = None) -> InProcessGroup:
     """This process's :class:`InProcessGroup` when P ``partitions`` run on ``processes`` processes
     (geodml.comm.crossproc): it hosts block ``process`` of the partitions. With more than one
     process this is collective over the default process group (every process calls it): it binds
     the process's ZeroMQ socket and exchanges addresses as :func:`build_comm` does, with ranks =
     processes. ``device``: where the process group's collectives take tensors (the CPU unless it
-    is NCCL; geodml.runtime.collective_device). Close the group (it closes the transport) before
+    is NCCL; geodml.runtime.collective_device); ``hub``: the engine's scheduler whose tasks the
+    hosted partitions are (geodml.engine.hub). Close the group (it closes the transport) before
     the process group is destroyed."""
     from geodml.comm.crossproc import CrossProcess, blocks
 
@@ -115,7 +118,7 @@ def build_hosted_group(cfg: CommConfig, *, partitions: int, process: int, proces
         cross = CrossProcess(process=process, processes=processes, partitions=partitions, device=device,
                              transport=_peer_transport(cfg, rank=process, world_size=processes, names=names))
     try:
-        return InProcessGroup.from_config(cfg, partitions, topology=topology, cross=cross)
+        return InProcessGroup.from_config(cfg, partitions, topology=topology, cross=cross, hub=hub)
     except BaseException:
         if cross is not None:
             cross.close()

@@ -47,6 +47,7 @@ from geodml.comm.wire import DEFAULT_MAX_MESSAGE_BYTES, Incoming, Outgoing, desc
 
 if TYPE_CHECKING:
     from geodml.config import CommConfig
+    from geodml.engine.hub import Hub
 
 _T = TypeVar("_T")
 
@@ -61,7 +62,8 @@ class InProcessGroup:
 
     def __init__(self, world_size: int, *, topology: Topology | str | None = None, wan: str = "off",
                  wan_scale: float = 1.0, timeout_s: float = 60.0,
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, cross: CrossProcess | None = None) -> None:
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, cross: CrossProcess | None = None,
+                 hub: Hub | None = None) -> None:
         if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world size must be a positive integer, got {world_size!r}")
         if not timeout_s > 0:
@@ -71,6 +73,9 @@ class InProcessGroup:
         self.region_of_rank = topo.placement(world_size)
         self.timeout_s = float(timeout_s)
         self.cross = cross
+        self.hub = hub
+        """The engine's cooperative scheduler (geodml.engine.hub) when the hosted ranks are tasks of one
+        thread; None: each rank has a thread of its own (tests)."""
         self.hosted = cross.hosted if cross is not None else range(world_size)
         """The ranks (partitions) this group hosts: all of them, or this process's block."""
         assert cross is None or cross.partitions == world_size
@@ -82,6 +87,11 @@ class InProcessGroup:
         self._arrived = 0
         self._result: Any = None
         self._scratch: dict[tuple, torch.Tensor] = {}  # combined tensors, reused per (shape, dtype, device)
+        self._clocks: list[float | None] = [None] * n  # cooperative timed collectives: each rank's clock at arrival
+        self._clock_result: tuple[float, float] = (0.0, 0.0)  # (the clocks' MAX, the wall time all had arrived)
+        self._next = 0                   # cooperative sums: the next hosted rank to add, in rank order
+        self._stash: dict[int, torch.Tensor] = {}  # cooperative sums: ranks that arrived before their turn
+        self._staged: dict[tuple, torch.Tensor] = {}  # cooperative: copies of deposited tensors, per (slot, shape, dtype)
         self._error: CommError | None = None  # set once: the group is broken
         self._mailboxes = {r: _Mailbox() for r in self.hosted}
         links = rank_links(topo.scaled(wan_scale), self.region_of_rank)  # once for the group, not per rank
@@ -92,13 +102,13 @@ class InProcessGroup:
 
     @classmethod
     def from_config(cls, cfg: CommConfig, world_size: int, *, topology: Topology | None = None,
-                    cross: CrossProcess | None = None) -> InProcessGroup:
+                    cross: CrossProcess | None = None, hub: Hub | None = None) -> InProcessGroup:
         """The group :func:`geodml.comm.build_comm` would build for ``cfg`` (sockets aside);
         ``topology``: the already-loaded ``cfg.topology``, when the caller has it; ``cross``: this
         process's link to the others when the partitions span processes (:func:`build_hosted_group`)."""
         return cls(world_size, topology=topology if topology is not None else cfg.topology, wan=cfg.wan,
                    wan_scale=cfg.wan_scale, timeout_s=cfg.timeout_s,
-                   max_message_bytes=int(cfg.max_message_mb * 1024 * 1024), cross=cross)
+                   max_message_bytes=int(cfg.max_message_mb * 1024 * 1024), cross=cross, hub=hub)
 
     def comm(self, rank: int) -> InProcessComm:
         """Rank ``rank``'s Comm (always the same object); ``rank`` must be hosted here."""
@@ -119,41 +129,15 @@ class InProcessGroup:
         if self.cross is not None:
             self.cross.close()
 
-    # ---- every hosted rank at once, from one thread (geodml.pool) -----------------------------
-    def all_reduce_hosted(self, tensors: list[torch.Tensor], kind: str) -> torch.Tensor:
-        """``Comm.all_reduce`` as if every hosted rank called it with its tensor (in hosted order):
-        each charged and clocked exactly as its own call (K > 1); returns the sum, in a buffer of
-        the group valid until the next collective."""
-        comms = [self._comms[r] for r in self.hosted]
-        if self.world_size == 1:  # one partition: no all-reduce, nothing charged (Comm.all_reduce)
-            return self._sum(tensors)
-        durations = [c.charge_all_reduce(t, kind) for c, t in zip(comms, tensors)]
-        start_s = self.max_hosted([c.emulated_s for c in comms]) if comms[0]._timed else 0.0
-        wall0 = time.monotonic()
-        out = self._sum(tensors)
-        if comms[0]._timed:
-            for c, d in zip(comms, durations):
-                c._pacing.leave_collective(start_s, d, wall0)
-        return out
-
-    def sum_hosted(self, values: list[torch.Tensor]) -> torch.Tensor:
-        """``meta_all_reduce`` of every hosted rank's tensor at once: the sum over all ranks (the
-        same bits as the ranks' own calls); a buffer of the group valid until the next collective."""
-        return self._sum(values)
-
-    def max_hosted(self, values: list[float]) -> float:
-        """The largest of every rank's value (the hosted ones given here)."""
-        return float(self._max(values))
-
-    def gather_hosted_objects(self, values: list[Any]) -> list[Any]:
-        """Every rank's object in rank order (the hosted ones given here, in hosted order)."""
-        return self._objects(values)
-
     # ---- collectives ---------------------------------------------------------------------------
-    def _exchange(self, rank: int, tag: Hashable, value: Any, combine: Callable[[list[Any]], Any]) -> Any:
+    def _exchange(self, rank: int, tag: Hashable, value: Any, combine: Callable[[list[Any]], Any],
+                  clock: float | None = None) -> Any:
         """Deposit ``value`` and wait for every rank; the last to arrive computes
         ``combine(values in rank order)`` under the lock, and every rank gets that result (valid
-        until this rank enters its next collective)."""
+        until this rank enters its next collective). ``clock``: cooperative ranks' emulated clock at
+        a charged collective's arrival (:meth:`InProcessComm._collective`)."""
+        if self.hub is not None and self.hub.active:
+            return self._exchange_coop(rank, tag, value, combine, clock)
         with self._cond:
             self._check_error()
             gen = self._generation
@@ -190,6 +174,114 @@ class InProcessGroup:
                     raise err
                 self._cond.wait(left)
             return self._result
+
+    def _exchange_coop(self, rank: int, tag: Hashable, value: Any, combine: Callable[[list[Any]], Any],
+                       clock: float | None = None) -> Any:
+        """:meth:`_exchange` for ranks that are tasks of the hub (geodml.engine.hub): the same result.
+        A task's tensors may be scratch that the next task overwrites (the worker's gradient), so a
+        deposited tensor is used at once: a sum adds it in rank order into the group's accumulator
+        (a rank that arrives before its turn is copied and added when its turn comes: the same
+        additions in the same order as ``_sum``), a broadcast copies the source's, a gather copies
+        each; non-tensor values are taken as they are. The waits switch to the other tasks. A charged
+        collective's clocks travel with its data (``clock``): the MAX of the ranks' clocks at arrival
+        (over the processes too) and the wall time the last one arrived, in ``_clock_result``."""
+        hub = self.hub
+        assert hub is not None
+        with self._cond:
+            self._check_error()
+            gen = self._generation
+            i = rank - self.hosted.start
+            if self._tags[i] is not None:
+                err = CommError(f"rank {rank} entered collective {tag} before its previous one ({self._tags[i]}) ended")
+                self._fail_locked(err)
+                raise err
+            self._tags[i] = tag
+            self._clocks[i] = clock
+            kind, src = (tag[0], tag[1]) if isinstance(tag, tuple) else (tag, None)
+            if kind == "sum":
+                self._accumulate(i, value)
+            elif kind == "broadcast":
+                self._values[i] = self._stage(i, value) if src == rank else value  # others: their shape only
+            elif kind == "all_gather":
+                self._values[i] = self._stage(i, value)
+            else:
+                self._values[i] = value
+            self._arrived += 1
+            if self._arrived == len(self.hosted):
+                try:
+                    if any(t != tag for t in self._tags):
+                        raise CommError("ranks called different collectives: " +
+                                        ", ".join(f"rank {r}: {t}" for r, t in zip(self.hosted, self._tags)))
+                    self._result = self._finish_sum() if kind == "sum" else combine(self._values)
+                    if clock is not None:
+                        m = max(c for c in self._clocks if c is not None)
+                        self._clock_result = (self.cross.max_(m) if self.cross is not None else m, time.monotonic())
+                except BaseException as e:
+                    err = e if isinstance(e, CommError) else CommError(f"collective {tag} failed: {e!r}")
+                    self._fail_locked(err)
+                    raise err from (None if err is e else e)
+                finally:
+                    self._tags = [None] * len(self.hosted)
+                    self._values = [None] * len(self.hosted)
+                    self._arrived = 0
+                    self._clocks = [None] * len(self.hosted)
+                    self._next = 0
+                    self._stash.clear()
+                self._generation += 1
+                hub.notify(("collective", id(self)))
+                return self._result
+        deadline = time.monotonic() + self.timeout_s
+        done = hub.wait(("collective", id(self)), lambda: self._generation != gen or self._error is not None, deadline)
+        with self._cond:
+            if self._generation != gen:
+                return self._result
+            self._check_error()
+            assert not done
+            missing = [r for r, t in zip(self.hosted, self._tags) if t is None]
+            err = CommTimeoutError(
+                f"rank {rank}: collective {tag} not joined within {self.timeout_s:g} s by "
+                f"{', '.join(self._describe(r) for r in missing)}: silent, crashed, or calling something else")
+            self._fail_locked(err)
+            raise err
+
+    def _stage(self, slot: int, value: torch.Tensor) -> torch.Tensor:
+        """A copy of ``value`` in a buffer of hosted slot ``slot`` (reused per shape and dtype)."""
+        key = (slot, tuple(value.shape), value.dtype, value.device)
+        buf = self._staged.get(key)
+        if buf is None:
+            buf = self._staged[key] = torch.empty_like(value, memory_format=torch.contiguous_format)
+        buf.copy_(value)
+        return buf
+
+    def _accumulate(self, slot: int, value: torch.Tensor) -> None:
+        """Add hosted slot ``slot``'s tensor to the sum in rank order (``_sum``'s arithmetic): at once
+        when it is its turn, else a copy until its turn comes."""
+        if slot != self._next:
+            self._stash[slot] = self._stage(slot, value)
+            return
+        while True:
+            if self._next == 0:
+                self._values[0] = value  # the accumulator's shape and dtype
+                buf = self._buffer(value)
+                widen = value.is_floating_point() and value.dtype != torch.float64
+                self._acc = self._buffer(value, torch.float64) if widen else buf
+                self._acc.copy_(value)
+            else:
+                self._acc.add_(value)
+            self._next += 1
+            if self._next not in self._stash:
+                return
+            value = self._stash.pop(self._next)
+
+    def _finish_sum(self) -> torch.Tensor:
+        """The cooperative sum's result (every hosted rank added): over processes, then in the buffer."""
+        acc = self._acc
+        buf = self._buffer(acc) if acc.dtype == self._values[0].dtype else self._buffer(self._values[0])
+        if self.cross is not None:
+            self.cross.all_reduce_(acc)
+        if acc is not buf:
+            buf.copy_(acc)
+        return buf
 
     def _sum(self, values: list[torch.Tensor]) -> torch.Tensor:
         """The sum of the hosted ``values`` in rank order (then over processes), in the group's
@@ -258,12 +350,22 @@ class InProcessGroup:
                     queues[key] = deque((q, msg))
                 if box.waiting:  # only its rank waits on a box: nobody waiting, nobody to wake
                     box.cond.notify_all()
+        if self.hub is not None:
+            for dst in dsts:
+                self.hub.notify(("box", dst))
 
     def _take(self, rank: int, srcs: list[int], kind: str, step: int, timeout_s: float) -> dict[int, Incoming]:
         """One (kind, step) message from each of ``srcs``, taken together once all are there (so a
         timeout loses nothing)."""
         box = self._mailboxes[rank]
         deadline = time.monotonic() + timeout_s
+        hub = self.hub
+        if hub is not None and hub.active:
+            def present() -> bool:
+                with box.lock:
+                    return self._error is not None or all((s, kind, step) in box.queues for s in srcs)
+            hub.wait(("box", rank), present, deadline)
+            deadline = time.monotonic()  # all there (taken below), or the error / timeout below: no further wait
         with box.cond:
             while True:
                 queues = [box.queues.get((s, kind, step)) for s in srcs]
@@ -318,6 +420,8 @@ class InProcessGroup:
         if self._error is None:
             self._error = err
         self._cond.notify_all()
+        if self.hub is not None:
+            self.hub.notify_all()
         for box in self._mailboxes.values():
             with box.cond:
                 box.cond.notify_all()
@@ -348,6 +452,7 @@ class InProcessComm(ChargedComm):
         super().__init__(rank=rank, world_size=group.world_size, region_of_rank=group.region_of_rank,
                          topology=topology, wan=wan, wan_scale=wan_scale, timeout_s=group.timeout_s, links=links)
         self._group = group
+        self._arrival_s: float | None = None  # inside a cooperative charged collective: the clock at arrival
         self.max_message_bytes = max_message_bytes
         self._pacer: Pacer | None = Pacer(name=f"geodml-inprocess-pacer-{rank}") if wan == "real" else None
 
@@ -377,20 +482,40 @@ class InProcessComm(ChargedComm):
             self._pacer.close()
 
     # ---- data movement -------------------------------------------------------------------------
+    def _collective(self, run: Callable[[], object], duration_s: float) -> None:
+        """ChargedComm's charged collective. Cooperative ranks (geodml.engine.hub): the clocks' MAX
+        travels with the data in one exchange, so the collective has one wait and the caller's
+        tensor is taken before it and written after it (the next task may reuse it meanwhile); the
+        ``--wan real`` hold waits on the hub instead of sleeping the process's thread."""
+        g = self._group
+        hub = g.hub
+        if not self._timed or hub is None or not hub.active:
+            super()._collective(run, duration_s)
+            return
+        self._arrival_s = self._pacing.now_s
+        try:
+            run()
+        finally:
+            self._arrival_s = None
+        start_s, wall0 = g._clock_result
+        self._pacing.leave_collective(start_s, duration_s, wall0, sleep=hub.sleep)
+
     def _reduce(self, tensor: torch.Tensor) -> None:
         g = self._group
-        tensor.copy_(g._exchange(self.rank, ("sum", tuple(tensor.shape), tensor.dtype), tensor, g._sum))
+        tensor.copy_(g._exchange(self.rank, ("sum", tuple(tensor.shape), tensor.dtype), tensor, g._sum,
+                                 self._arrival_s))
 
     def _bcast(self, tensor: torch.Tensor, src: int) -> None:
         g = self._group
         out = g._exchange(self.rank, ("broadcast", src, tuple(tensor.shape), tensor.dtype), tensor,
-                          functools.partial(g._pick, src=src))
+                          functools.partial(g._pick, src=src), self._arrival_s)
         if self.rank != src:
             tensor.copy_(out)
 
     def _gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         g = self._group
-        shared = g._exchange(self.rank, ("all_gather", tuple(tensor.shape), tensor.dtype), tensor, g._gather_all)
+        shared = g._exchange(self.rank, ("all_gather", tuple(tensor.shape), tensor.dtype), tensor, g._gather_all,
+                             self._arrival_s)
         out = [torch.empty_like(tensor) for _ in range(self.world_size)]
         for o, s in zip(out, shared):
             o.copy_(s)

@@ -272,15 +272,17 @@ class LinkPacing:
         if self.timed:
             self.clock.receive(arrival_s)
 
-    def leave_collective(self, start_s: float, duration_s: float, wall_start: float) -> None:
+    def leave_collective(self, start_s: float, duration_s: float, wall_start: float,
+                         sleep: Callable[[float], None] = time.sleep) -> None:
         """Leave a collective that every rank entered by emulated ``start_s`` and that takes
         ``duration_s``; under ``real``, first wait until ``duration_s`` has passed since
-        ``wall_start`` (``time.monotonic()`` once the ranks were synchronized)."""
+        ``wall_start`` (``time.monotonic()`` once the ranks were synchronized), with ``sleep``
+        (seconds; the engine's hub lets the process's other partitions run meanwhile)."""
         self.clock.collective(start_s, duration_s)
         if self._wall is not None:
             left = wall_start + duration_s - time.monotonic()
             if left > 0:
-                time.sleep(left)
+                sleep(left)
 
     def state_dict(self) -> dict:
         """The emulated clock (``--wan real`` wall pacing restarts fresh)."""

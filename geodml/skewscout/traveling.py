@@ -45,7 +45,7 @@ def accuracy_variance(correct: int, n: int) -> float:
 class ModelTraveler:
     def __init__(self, *, rank: int, world_size: int, model: nn.Module, flat: FlatParams, comm: Comm,
                  train_x: torch.Tensor, train_y: torch.Tensor, local_indices: np.ndarray, samples: int,
-                 seed: int) -> None:
+                 seed: int, visitor: tuple[nn.Module, FlatParams] | None = None) -> None:
         assert world_size >= 2, "the preflight refuses --skewscout with fewer than 2 partitions"
         self.rank, self.world_size = rank, world_size
         self.model, self.flat, self.comm = model, flat, comm
@@ -54,9 +54,12 @@ class ModelTraveler:
         self.samples = min(int(samples), len(self.local_indices))
         self.seed = seed
         self.offset = int(np.random.default_rng([seed, 0x7EA]).integers(world_size - 1))
-        # The visitor lives in a preallocated copy of the model.
-        self.visitor = copy.deepcopy(model)
-        self.visitor_flat = FlatParams(self.visitor)
+        # The visitor lives in a preallocated copy of the model (``visitor``: one that partitions hosted
+        # by one process share; a visitor is received and evaluated with no wait in between).
+        if visitor is None:
+            model_copy = copy.deepcopy(model)
+            visitor = (model_copy, FlatParams(model_copy))
+        self.visitor, self.visitor_flat = visitor
         self.acc_buf = np.zeros(2, dtype=np.float32)  # (correct, evaluated): exact integers below 2**24
 
     def partners(self, round_: int) -> tuple[int, int]:

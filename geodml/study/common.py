@@ -133,8 +133,7 @@ def add_checkpoint_every(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-every", type=steps_or_zero, metavar="STEPS",
                    help="each run's --checkpoint-every: a run cut short (the machine or session went away) is resumed "
                         "from its checkpoints by the next invocation instead of starting again; 0: none (default: "
-                        f"{AUTO_CHECKPOINT_STEPS} steps, none for runs on the pool engine, which checkpoints would move "
-                        "to the slower threads engine; results do not depend on it)")
+                        f"{AUTO_CHECKPOINT_STEPS} steps; results do not depend on it)")
 
 
 def add_dry_run(p: argparse.ArgumentParser) -> None:

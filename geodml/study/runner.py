@@ -11,8 +11,7 @@ A study (the Oracle baseline of §7.3, later the whole-paper study runner) is a 
   ``summary.json`` that the runner created (it has ``launch.json``) is an interrupted run: it
   is **resumed** from its checkpoints where ``resume_step`` finds a step, else cleared and run again.
 * **Checkpoints.** Every run writes its state every ``checkpoint_every`` steps (geodml's
-  ``--checkpoint-every``; default AUTO_CHECKPOINT_STEPS for runs on the threads or process
-  engine, none for the pool engine, which checkpoints would move to the slower threads engine).
+  ``--checkpoint-every``; default AUTO_CHECKPOINT_STEPS).
   A run cut short (the machine or the session went away) is relaunched with ``--resume`` and
   continues from the newest step every partition has, with the weights, bytes, accuracies and
   metrics (time fields aside) of an uninterrupted run (tests/test_study_resume.py); its stdout and
@@ -249,18 +248,16 @@ def is_running(spec: RunSpec) -> bool:
 
 
 def auto_checkpoint_every(spec: RunSpec) -> int:
-    """The default checkpoint cadence of ``spec``: AUTO_CHECKPOINT_STEPS, or 0 where the run would use the
-    pool engine (checkpoints would move it to the threads engine: same results, slower) or its flags do not
-    parse (validate_spec reports those)."""
+    """The default checkpoint cadence of ``spec``: AUTO_CHECKPOINT_STEPS, or 0 where its own flags set
+    checkpoints or do not parse (validate_spec reports those)."""
     from geodml.cli import parse_config
-    from geodml.run import engine
     try:
         cfg = parse_config(list(spec.launch_argv))
     except (ValueError, SystemExit):
         return 0
     if cfg.reliability.checkpoint_every or cfg.reliability.resume:
         return 0  # the study's own flags decide
-    return 0 if engine(cfg, spec.nproc, spec.procs) == "pool" else AUTO_CHECKPOINT_STEPS
+    return AUTO_CHECKPOINT_STEPS
 
 
 def has_checkpoints(out: Path | str) -> bool:

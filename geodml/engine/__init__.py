@@ -1,0 +1,182 @@
+"""The engine: how a process trains the block of partitions it hosts (DESIGN.md "Per-partition state
+and the engine").
+
+One code path for every algorithm, feature and process count. A process hosts a contiguous block
+of the P partitions (geodml.comm.crossproc.blocks: all of them with one process, one with P
+processes); each hosted partition is a task of the process's :class:`~geodml.engine.hub.Hub`
+running the one training loop (geodml.trainer.Trainer) with its own parts (geodml.parts) and its
+own Comm, and the tasks take turns on the process's one thread. With one hosted partition (one
+partition per process, torchrun's default) its Comm is a DistComm (torch.distributed and
+ZeroMQ); with several it is their in-process group's, linked to the other processes' blocks
+(geodml.comm.crossproc). The same bytes, messages and emulated seconds are charged either way.
+
+:func:`host` is the engine's entry: join the job, build the Comm group, start the metrics exporter,
+run the hosted partitions' tasks, and return the summary (process 0; partition 0 writes the run
+directory). geodml.run is the composition root that calls it after the preflight.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from contextlib import ExitStack
+from typing import TYPE_CHECKING
+
+import torch
+
+from geodml.comm.api import CommError
+from geodml.config import RunConfig
+from geodml.engine.hub import Hub
+from geodml.engine.job import InputError, joined
+from geodml.engine.worker import Worker
+from geodml.parts import DeviceData, Preflight, Startup, build_worker, start_process_exporter
+from geodml.runtime import Env
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from geodml.comm.api import RunComm
+    from geodml.metrics.prometheus import RankExporter
+    from geodml.parts import Parts
+    from geodml.trainer import EvalCache
+
+
+def host(cfg: RunConfig, env: Env, pre: Preflight, *, device_name: str) -> dict | None:
+    """Train this process's block of the partitions (module docstring) on ``device_name``; the
+    summary on process 0 (None elsewhere)."""
+    from geodml.comm.crossproc import blocks
+
+    P, R = len(pre.partitions), env.world_size
+    block = blocks(P, R)[env.rank]
+    torch.set_num_threads(cfg.threads)
+    wall_t0 = time.monotonic()
+    startup = Startup()  # per-rank start-up breakdown -> rank<k>/startup.json (docs/launch.md)
+    with joined(cfg, env, pre.backend, device_name) as (device, out):
+        startup.lap("process_group_s")
+        if P == R:
+            return _one_partition(cfg, env, pre, out=out, device=device, startup=startup, wall_t0=wall_t0)
+        return _hosted(cfg, env, pre, block=block, out=out, device=device, wall_t0=wall_t0)
+
+
+def _one_partition(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: torch.device, startup: Startup,
+                   wall_t0: float) -> dict | None:
+    """One partition in this process: one task, whose Comm is a DistComm (built by geodml.parts)."""
+    hub = Hub()
+    task = hub.spawn(lambda: train_partition(cfg, env, pre, out=out, device=device, startup=startup,
+                                             wall_t0=wall_t0), name=f"partition {env.rank}")
+    hub.run()
+    if task.error is not None:
+        raise task.error
+    return task.result
+
+
+def _hosted(cfg: RunConfig, env: Env, pre: Preflight, *, block: range, out: Path, device: torch.device,
+            wall_t0: float) -> dict | None:
+    """Several partitions in this process: one task each over an in-process group linked to the
+    other processes. Partition p's task is "rank p" of the run; partition 0 (in process 0) writes the
+    run directory. On a GPU (``--device cuda``) the process's partitions share its GPU and one copy
+    of the dataset there."""
+    from geodml.comm import build_hosted_group
+    from geodml.metrics.prometheus import MetricsError
+    from geodml.runtime import collective_device
+    from geodml.trainer import EvalCache
+
+    P, R = len(pre.partitions), env.world_size
+    summaries: dict[int, dict | None] = {}
+    with ExitStack() as stack:
+        group_box: list = []
+
+        def on_error(exc: BaseException) -> None:
+            if group_box:
+                group_box[0].abort(f"a partition failed: {type(exc).__name__}: {exc}")
+
+        hub = Hub(external=lambda: R > 1 or cfg.comm.wan == "real", on_error=on_error)
+        # A wait on a peer may last as long as the other hosted partitions' work in turn: the bound on
+        # any wait (--comm-timeout) is scaled by the block's size.
+        group = build_hosted_group(dataclasses.replace(cfg.comm, timeout_s=cfg.comm.timeout_s * len(block)),
+                                   partitions=P, process=env.rank, processes=R, topology=pre.topology,
+                                   device=collective_device(pre.backend), hub=hub)
+        group_box.append(group)
+        stack.callback(group.close)  # also when a step below fails (closing twice is a no-op)
+        eval_cache = EvalCache()  # partitions holding the same model are evaluated once
+        assert pre.dataset is not None
+        tensors = DeviceData.of(pre.dataset, device)  # one copy on the device for every hosted partition
+        try:
+            exporter = start_process_exporter(cfg, env, out, stack, partitions=P, device=device, wire_rejected=(
+                group.cross.wire_rejected if group.cross is not None else None))
+        except MetricsError as exc:
+            raise InputError(str(exc)) from None
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        worker = build_worker(cfg, pre.dataset, tensors, device)  # one model for the partitions, bound in turn
+
+        def partition(p: int) -> None:
+            penv = Env(rank=p, world_size=P, local_rank=p - block.start, local_world_size=len(block),
+                       under_torchrun=False)
+            summaries[p] = train_partition(cfg, penv, pre, out=out, device=device, startup=Startup(), wall_t0=wall_t0,
+                                           comm=group.comm(p), eval_cache=eval_cache, host_exporter=exporter,
+                                           tensors=tensors, worker=worker)
+
+        for p in block:
+            hub.spawn(lambda p=p: partition(p), name=f"partition {p}", enter=lambda p=p: worker.enter(p))
+        try:
+            tasks = hub.run()
+        finally:
+            group.close()
+        errors = [t.error for t in tasks if t.error is not None]
+        if errors:
+            first = next((e for e in errors if not isinstance(e, CommError)), errors[0])
+            if isinstance(first, ValueError) and not isinstance(first, InputError):
+                raise InputError(str(first)) from None
+            raise first
+    return summaries.get(0)
+
+
+def train_partition(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: torch.device, startup: Startup,
+                    wall_t0: float, comm: RunComm | None = None, eval_cache: EvalCache | None = None,
+                    host_exporter: RankExporter | None = None, tensors: DeviceData | None = None,
+                    worker: Worker | None = None) -> dict | None:
+    """Build one partition's parts, train, finish (closes what it opened); the summary on rank 0."""
+    from geodml.parts import build_parts
+    with ExitStack() as stack:
+        try:
+            parts = build_parts(cfg, env, pre, out=out, device=device, stack=stack, startup=startup, comm=comm,
+                                eval_cache=eval_cache, host_exporter=host_exporter, tensors=tensors, worker=worker)
+        except ValueError as exc:  # set-up reads only inputs: a ValueError here is a bad input, not a bug
+            raise InputError(str(exc)) from None
+        startup.lap("model_s")
+        startup.done()
+        result = parts.trainer.run()
+        parts.sink.close()
+        return finish_partition(cfg, env, parts, result, wall_t0=wall_t0, startup=startup)
+
+
+def finish_partition(cfg: RunConfig, env: Env, parts: Parts, result: dict, *, wall_t0: float,
+                     startup: Startup) -> dict | None:
+    """Totals (uncharged bookkeeping) and the run directory; the summary on rank 0."""
+    from geodml import rundir
+    from geodml.comm.collectives import ring_allreduce_wan_bytes
+    from geodml.comm.ledger import Ledger
+
+    comm, out, trainer = parts.comm, parts.out, parts.trainer
+    global_sd = trainer.global_state_dict()
+    rows = [r for rank_rows in comm.meta_all_gather_object(comm.ledger.rows()) for r in rank_rows]
+    emulated_s = max(comm.meta_all_gather_object(float(comm.emulated_s)))
+    own = rundir.rank_dir(out, env.rank)
+    rundir.save_torch(own / rundir.MODEL, {k: v.detach().cpu() for k, v in parts.model.state_dict().items()})
+    rundir.write_json(own / rundir.STARTUP, startup.report(rank=env.rank, local_rank=env.local_rank))
+    if env.rank != 0:
+        return None
+    flat = parts.flat
+    bsp_bytes = trainer.state.step * ring_allreduce_wan_bytes(flat.numel, flat.data.element_size(),
+                                                              comm.region_of_rank)
+    summary = rundir.make_summary(cfg, world_size=env.world_size, result=result, totals=Ledger.summarize(rows),
+                                  # a resumed run: the wall time before its checkpoint, then this process's
+                                  emulated_s=emulated_s, wall_s=trainer.resumed_wall_s + time.monotonic() - wall_t0,
+                                  steps=trainer.state.step,
+                                  steps_per_epoch=parts.steps_per_epoch, bsp_bytes=bsp_bytes, algo=parts.algo,
+                                  skewscout=parts.skewscout.summary() if parts.skewscout is not None else {})
+    rundir.save_torch(out / rundir.MODEL, global_sd)
+    rundir.write_json(out / rundir.SUMMARY, summary)
+    print(rundir.done_text(summary, out), flush=True)
+    return summary
