@@ -50,6 +50,8 @@ LR_SCHEDULES = ("step", "poly")
 DGC_SCOPES = ("global", "layer")
 DGC_CLIP_AT = ("gradient", "update")
 IWDS_MODES = ("reweight", "resample")
+PARTITION_SCORES = ("auto", "all")
+"""``--partition-scores``: which partitions' own final models the end of a run scores."""
 SEARCHES = ("hill", "stochastic", "annealing")
 
 
@@ -535,6 +537,12 @@ class RunConfig:
         "engine) instead of the whole test set: where partitions hold different models (gaia, dgc, local) the final "
         "evaluation is one test-set pass per partition. The global model is always scored on the whole test set",
         default_text="the whole test set")
+    partition_scores: str = opt("auto", choices=PARTITION_SCORES, help="score each partition's own final model at the "
+                                "end (summary.json's per_rank_val_accuracy on the test set and per_rank_train_accuracy on "
+                                "its own training data): all: every partition; auto: only where partitions end with "
+                                "models of their own (gaia, local): where every partition holds a copy of a global model "
+                                "of some round (bsp, dgc, fedavg) the per-partition scores are null and the global model's "
+                                "accuracy is the run's")
     out: str | None = opt(None, help="run directory", default_text="runs/<timestamp>-<algo>")
     backend: str = opt("auto", choices=BACKENDS, help="torch.distributed backend; auto: nccl if CUDA is available, "
                        "else gloo")

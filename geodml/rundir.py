@@ -227,14 +227,16 @@ def done_text(summary: Mapping[str, Any], out: Path) -> str:
     """The lines rank 0 prints when the run has finished."""
     from geodml.metrics.sinks import human_bytes
     per = summary["per_rank_val_accuracy"]
-    if len(per) <= 16:
+    if per is None:  # --partition-scores auto: every partition holds a copy of a global model
+        shown = "partitions hold global models; --partition-scores all scores each"
+    elif len(per) <= 16:
         shown = f"per partition {', '.join(f'{a:.3f}' for a in per)}"
     else:  # summary.json has every partition's
         ordered = sorted(per)
         shown = (f"per partition min {ordered[0]:.3f}, median {ordered[len(ordered) // 2]:.3f}, max {ordered[-1]:.3f} "
                  f"over {len(per)}")
     scored = summary.get("per_rank_val_examples")  # null (or absent, before it existed): the whole test set
-    if scored is not None:
+    if scored is not None and per is not None:
         shown += f" on {scored:,} test examples"
     diverged = summary.get("diverged_at_step")
     stopped = ("" if diverged is None else f"stopped after step {diverged}: the mean training loss since the log "

@@ -242,6 +242,9 @@ class Schedule:
     """Further steps after which the global model is validated (``--eval-at``)."""
     divergence_loss: float | None = None
     """End the loop at the first log step whose mean training loss is not finite or above this (``--divergence-loss``)."""
+    partition_scores: str = "all"
+    """``--partition-scores``: all: score every partition's own final model; auto: only where partitions end
+    with models of their own (``Algorithm.partitions_hold_global_models`` False)."""
 
 
 class SharedBuffers(Protocol):
@@ -316,6 +319,7 @@ class Trainer:
         self.total_steps, self.spe = schedule.total_steps, schedule.steps_per_epoch
         self.eval_every, self.log_every, self.eval_at = schedule.eval_every, schedule.log_every, schedule.eval_at
         self.divergence_loss = schedule.divergence_loss
+        self.partition_scores = schedule.partition_scores
         self.sink = sink if sink is not None else Sink()
         self.skewscout = skewscout
         self.step_hooks = tuple(step_hooks)  # called with the trainer after each step's logging (checkpoints, fault tests)
@@ -516,6 +520,11 @@ class Trainer:
 
     def _finish(self, lr: float) -> dict:
         final = self._log(lr, with_eval=True)
+        if self.partition_scores == "auto" and self.algo.partitions_hold_global_models:
+            # every partition holds a copy of a global model: its own score would repeat one (--partition-scores)
+            self.comm.meta_all_gather_object(None)  # the ranks stay in step with a run that scores
+            return {"final": final, "per_rank_val_accuracy": None, "per_rank_train_accuracy": None,
+                    "diverged_at_step": self.diverged_at_step}
         # Each partition's own model: on the test set (or --partition-eval-examples of it), and on its own training data.
         rows = self.own_eval_indices
         if self.eval_cache is not None:

@@ -280,6 +280,14 @@ class Algorithm:
         return True
 
     @property
+    def partitions_hold_global_models(self) -> bool:
+        """True when at the end of a run every partition holds a copy of the global model of some round
+        (so scoring each partition's own model adds nothing the global model's score does not say:
+        ``--partition-scores auto`` skips it). Default: ``models_agree`` on a model without float
+        buffers (BatchNorm's running statistics are each partition's own under BSP and DGC)."""
+        return self.models_agree and not self.flat.float_buffers
+
+    @property
     def global_model_rank(self) -> int | None:
         """When ``models_agree`` is False: a rank whose weights ARE the global model (FedAvg with
         client sampling, at a round boundary), or None to average all partitions' weights."""

@@ -370,6 +370,12 @@ class FedAvg(Algorithm):
         return self.ctx.world_size == 1 or (self.steps_in_round == 0 and len(self.holders) == self.ctx.world_size)
 
     @property
+    def partitions_hold_global_models(self) -> bool:
+        """Every partition holds w_t of some round: the final one after the last average, or, having sat
+        out, the one of the round after its last participation."""
+        return True
+
+    @property
     def global_model_rank(self) -> int | None:
         """A rank whose weights are the global model right now (at a round boundary), else None."""
         return min(self.holders) if self.steps_in_round == 0 else None

@@ -25,7 +25,6 @@ from geodml.algorithms.base import FlatParams
 from geodml.channels_last import ChannelsLastTwin
 from geodml.config import OptimConfig
 
-
 POISON_ENV = "GEODML_POISON_SCRATCH"
 """``GEODML_POISON_SCRATCH=1``: :attr:`Worker.poison` (a test switch; results must not change)."""
 

@@ -51,7 +51,8 @@ LEARNED = 0.2
 """A budget counts only when its mean validation accuracy reaches this (twice chance on geodml's 10-class
 datasets): a network that has not started to learn also "stops improving"."""
 CONTROLLED = ("algo", "out", "dataset", "partition", "model", "norm", "lr", "epochs", "steps", "lr_milestones",
-              "eval_every", "eval_at", "seed", "batch_size", "partition_eval_examples", "rounds", "eval_every_rounds")
+              "partition_scores", "eval_every", "eval_at", "seed", "batch_size", "partition_eval_examples", "rounds",
+              "eval_every_rounds")
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,7 @@ def plan(args: argparse.Namespace) -> list[PlateauRun]:
             rid = f"bsp-iid-e{e}-s{seed}"
             argv = ("--algo", "bsp", "--dataset", args.dataset, "--partition", "iid", *paper.model_flags(args.model),
                     *paper.NORM_FLAGS[args.norm], "--lr", paper.fmt(paper.lr_for("bsp", eta, args.nproc, "paper")),
-                    "--seed", str(seed), *budget.flags(), *args.geodml_args)
+                    "--seed", str(seed), *budget.flags(), "--partition-scores", "all", *args.geodml_args)
             runs.append(PlateauRun(e, seed, RunSpec(rid, Path(args.out) / rid, argv, args.nproc)))
     return runs
 
