@@ -298,7 +298,8 @@ def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: 
     spe = steps_per_epoch(len(labels), world, cfg.optim.batch_size)
     total_steps, eval_at = training_length(cfg, np.asarray([len(p) for p in parts]), spe)
     ctx = AlgoContext(rank=rank, world_size=world, seed=cfg.seed, steps_per_epoch=spe, total_steps=total_steps,
-                      batch_size=cfg.optim.batch_size, label_counts=np.asarray(report["label_counts"], dtype=np.int64))
+                      batch_size=cfg.optim.batch_size, label_counts=np.asarray(report["label_counts"], dtype=np.int64),
+                      shared=worker.shared)
     algo = build_algorithm(cfg, flat=flat, comm=comm, ctx=ctx)
     fp = fingerprint(cfg, world)
     resume_step = find_resume_step(out, world, fp) if resume_requested(cfg) else None

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from tests.golden.cells import BY_NAME, CELLS, Cell
-from tests.golden.record import DATA, first_difference, normalize, run_cell
+from tests.golden.record import DATA, drop_unscored, first_difference, normalize, run_cell
 
 EXCEPTIONS = {"fedavgm_server_momentum_norm"}
 """metrics.jsonl fields where records of different process counts disagreed before (module docstring)."""
@@ -51,25 +51,13 @@ def _params() -> list:
     return out
 
 
-SCORES = ("per_rank_val_accuracy", "per_rank_train_accuracy")
-"""summary.json's per-partition scores (null under ``--partition-scores auto`` where partitions hold global models)."""
-
-
-def _unscored(got: dict, want: dict) -> None:
-    """Drop the per-partition scores that ``got`` did not compute from both records."""
-    for key in SCORES:
-        if got["summary"].get(key) is None:
-            got["summary"].pop(key, None)
-            want["summary"].pop(key, None)
-
-
 @pytest.mark.parametrize(("cell", "processes"), _params())
 def test_run_equals_its_golden_record(cell: Cell, processes: int, tmp_path: Path) -> None:
     doc = json.loads((DATA / f"{cell.name}.json").read_text())
     assert doc["argv"] == cell.full_argv, "the cell's flags changed since its record"
     got = run_cell(cell, processes, tmp_path / "run")
     for rec in (doc["record"], *doc["per_process"].values()):
-        _unscored(got, rec)
+        drop_unscored(got, rec)
     want = normalize(doc["record"])
     disagreed = {r: normalize(rec) for r, rec in doc["per_process"].items()}
     if disagreed:  # the exception: every R reports what R = P reported before

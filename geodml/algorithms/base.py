@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from geodml.algorithms.knob import Knob
+from geodml.algorithms.shared import ProcessShared
 
 if TYPE_CHECKING:
     from geodml.comm.api import Comm
@@ -55,6 +56,9 @@ class AlgoContext:
     batch_size: int
     label_counts: np.ndarray
     """[K, C] training-label counts of every partition (identical on every rank)."""
+    shared: ProcessShared = field(default_factory=ProcessShared, compare=False, repr=False)
+    """What the partitions this process hosts share: scratch buffers and once-per-process values
+    (geodml.algorithms.shared; a context of its own, nothing shared, unless the engine passes one)."""
 
 
 def copy_array_into(dst: torch.Tensor, src: np.ndarray) -> None:

@@ -165,19 +165,23 @@ class DGC(Algorithm):
         self.gen = self.generator(ctx.seed, ctx.rank, flat.data.device)
         stages = tuple(min(s, self.final_sparsity) for s in WARMUP_SPARSITIES) + (self.final_sparsity,)
         self.selector = TopSelector(n, sample_ratio=sample_ratio, sparsities=stages, generator=self.gen,
-                                    device=flat.data.device, backend=selection_backend)
+                                    device=flat.data.device, backend=selection_backend, shared=ctx.shared)
         # per-layer scope: one selector per layer, their indices gathered into one preallocated buffer
         self.layers = list(flat.layers) if scope == "layer" else []
         self.layer_selectors = [TopSelector(m, sample_ratio=sample_ratio, sparsities=stages, generator=self.gen,
-                                            device=flat.data.device, backend=selection_backend)
+                                            device=flat.data.device, backend=selection_backend, shared=ctx.shared)
                                 for _, m in self.layers]
-        self._layer_idx = torch.empty(n if self.layers else 0, dtype=torch.int64, device=flat.data.device)
-        self.send_idx = torch.empty(n, dtype=torch.int32, device=flat.data.device)
-        self.send_val = torch.empty(n, dtype=torch.float32, device=flat.data.device)
-        self.recv_idx = torch.empty(n, dtype=torch.int32, device=flat.data.device)
-        self.recv_val = torch.empty(n, dtype=torch.float32, device=flat.data.device)
+        # the block this partition sent, kept until lines 14-15 add it in rank order after the others'
+        # arrive (own state across that wait); the rest is scratch shared by a process's partitions
+        # (geodml.algorithms.shared), each used within one turn
+        dev, sc = flat.data.device, ctx.shared.scratch
+        self.send_idx = torch.empty(n, dtype=torch.int32, device=dev)
+        self.send_val = torch.empty(n, dtype=torch.float32, device=dev)
+        self._layer_idx = sc("dgc.layer_idx", n if self.layers else 0, torch.int64, dev)
+        self.recv_idx = sc("dgc.recv_idx", n, torch.int32, dev)
+        self.recv_val = sc("dgc.recv_val", n, torch.float32, dev)
         self._diag_stride = max(1, math.ceil(n / self.DIAG_ELEMENTS))
-        self._scratch = torch.empty_like(flat.data)
+        self._scratch = sc("dgc.residual", n, flat.data.dtype, dev)
         self._sent = 0
         self._dense = False
         self._sent_idx: torch.Tensor | None = None
@@ -196,12 +200,6 @@ class DGC(Algorithm):
         gen = torch.Generator(device=device)
         gen.manual_seed(int(np.random.SeedSequence([seed, rank, 0xD6C]).generate_state(1)[0]))
         return gen
-
-    def use_generator(self, gen: torch.Generator) -> None:
-        """Draw the threshold samples from ``gen`` from now on (geodml.pool_dgc swaps partitions' generators)."""
-        self.gen = gen
-        for selector in (self.selector, *self.layer_selectors):
-            selector.gen = gen
 
     @classmethod
     def from_config(cls, cfg: RunConfig, *, flat: FlatParams, comm: Comm, ctx: AlgoContext) -> DGC:
@@ -260,7 +258,8 @@ class DGC(Algorithm):
         else:
             v.index_fill_(0, idx, 0.0)
             u.index_fill_(0, idx, 0.0)
-        self._sent_idx, self._sent = idx, c
+        # the own block's indices for lines 14-15 (the selection's buffer is scratch: geodml.algorithms.shared)
+        self._sent_idx, self._sent = (None if self._dense else self.send_idx[:c]), c
         self.last_sent = c
         self.total_sent += c
 
@@ -288,28 +287,6 @@ class DGC(Algorithm):
         self.apply_blocks(step, received, own=self.ctx.rank)
         self.record_residual(step)
 
-    def sent_block(self) -> list[np.ndarray]:
-        """A copy of the block the last ``before_step`` sent, as sent (the dense values, or the int32
-        indices and float32 values): what every other partition receives from this one."""
-        c = self._sent
-        if self._dense:
-            return [self.send_val.cpu().numpy().copy()]
-        return [self.send_idx[:c].cpu().numpy().copy(), self.send_val[:c].cpu().numpy().copy()]
-
-    @property
-    def sent_dense(self) -> bool:
-        """Whether the last ``before_step`` sent its block dense."""
-        return self._dense
-
-    def wire_state(self) -> tuple[int, bool, float]:
-        """What the last ``before_step`` sent, as :meth:`stats` reports it: (entries, dense wire,
-        sparsity). The pool engine (geodml.pool_dgc) runs every hosted partition's step through
-        one DGC object and puts partition 0's back with :meth:`restore_wire_state` to log it."""
-        return self.last_sent, self._dense, self.sparsity
-
-    def restore_wire_state(self, state: tuple[int, bool, float]) -> None:
-        self.last_sent, self._dense, self.sparsity = state
-
     def apply_blocks(self, step: int, received: dict[int, list[np.ndarray]], *, own: int | None) -> None:
         """``w += v~_r`` for r = 0..K-1 in rank order: rank ``own``'s block from this object's send
         buffers (its last ``before_step``), every other rank's from ``received`` (as sent: dense
@@ -322,7 +299,7 @@ class DGC(Algorithm):
                     w.add_(self.send_val)
                 else:
                     assert self._sent_idx is not None, "local_update runs after before_step selected"
-                    w.index_add_(0, self._sent_idx, self.send_val[:c])
+                    w.index_add_(0, self._sent_idx, self.send_val[:c])  # int32 indices: the same additions
                 continue
             arrays = received[r]
             if len(arrays) == 1 and np.asarray(arrays[0]).size == w.numel():  # dense

@@ -138,12 +138,16 @@ class FedAvg(Algorithm):
         # internal state: preallocated flat buffers (DESIGN.md rule 12)
         n = flat.numel
         self.nbuf = sum(b.numel() for b in flat.float_buffers)
+        dtype, dev, sc = flat.data.dtype, flat.data.device, ctx.shared.scratch
         self.global_w = flat.data.clone()                            # w_t, the round's starting model
-        # one round's message: [update (n) | BatchNorm buffers (nbuf) | a variant's scalars (wire_extra)]
-        self.wire = torch.empty(n + self.nbuf + self.wire_extra, dtype=flat.data.dtype, device=flat.data.device)
-        self._download: torch.Tensor | None = None                   # allocated on first download
-        self._diag = torch.zeros(3, dtype=torch.float64, device=flat.data.device)
-        self._sample_w = torch.empty(ctx.batch_size, dtype=flat.data.dtype, device=flat.data.device)
+        # scratch shared by a process's partitions (geodml.algorithms.shared), each used within a turn:
+        # one round's message [update (n) | BatchNorm buffers (nbuf) | a variant's scalars (wire_extra)],
+        # a download's payload, a minibatch's sample weights
+        self.wire = sc("fedavg.wire", n + self.nbuf + self.wire_extra, dtype, dev)
+        self._download_numel = sum(t.numel() for t in self.server_state()) + self.nbuf
+        self._download = sc("fedavg.download", self._download_numel, dtype, dev)
+        self._diag = torch.zeros(3, dtype=torch.float64, device=dev)
+        self._sample_w = sc("fedavg.sample_weights", ctx.batch_size, dtype, dev)
         self.round = 0                  # index t of the current round
         self.steps_in_round = 0         # trainer steps done in the current round
         self.round_len = 0
@@ -282,9 +286,6 @@ class FedAvg(Algorithm):
 
     def _download_global(self, src: int, stale: list[int]) -> None:
         tensors = self.server_state() + list(self.flat.float_buffers)
-        total = sum(t.numel() for t in tensors)
-        if self._download is None or self._download.numel() != total:
-            self._download = torch.empty(total, dtype=self.flat.data.dtype, device=self.flat.data.device)
         buf = self._download
         tag = 2 * self.round + 1
         if self.ctx.rank == src:
@@ -297,20 +298,40 @@ class FedAvg(Algorithm):
             self.download_count += 1
         self.holders = self.holders | frozenset(stale)
 
-    def _average(self, buf: torch.Tensor, sel: tuple[int, ...]) -> None:
-        """Sum ``buf`` over the participants ``sel`` in place (called by participants only)."""
+    def _average(self, buf: torch.Tensor, sel: tuple[int, ...], p: float) -> None:
+        """This participant's contribution into ``buf``, summed over the participants ``sel`` in place
+        (called by participants only). The star's leader receives the others' contributions first and
+        only then writes its own (``buf`` is scratch, which holds nothing across a wait:
+        geodml.algorithms.shared); the sum is its own, then the others' in rank order, as before."""
         if len(sel) == self.ctx.world_size:
+            self._contribution(buf, p)
             self.comm.all_reduce(buf, "model")
             return
         leader, tag = sel[0], 2 * self.round
         if self.ctx.rank != leader:
+            self._contribution(buf, p)
             self.comm.send(leader, "model", [buf], step=tag)
             copy_array_into(buf, self.comm.recv(leader, "model", step=tag)[0])
             return
+        got = self.comm.recv_from(sel[1:], "model", step=tag)   # one wait for all of them
+        self._contribution(buf, p)
         for r in sel[1:]:                                   # rank order: the same sum on every run
-            add_array(buf, self.comm.recv(r, "model", step=tag)[0])
+            add_array(buf, got[r][0])
         for r in sel[1:]:
             self.comm.send(r, "model", [buf], step=tag)
+
+    def _contribution(self, wire: torch.Tensor, p: float) -> None:
+        """This participant's message into ``wire``: ``p_k (w_t - w^k)`` (a variant's ``contribute``),
+        its weighted float buffers and a variant's scalars; the Appendix G sums' first two."""
+        n = self.flat.numel
+        delta = wire[:n]
+        torch.sub(self.global_w, self.flat.data, out=delta)          # w_t - w^k
+        self._diag[0] = torch.linalg.vector_norm(delta)
+        self._diag[1] = 1.0
+        bufs = wire[n:n + self.nbuf]
+        self.contribute(delta, p)                                    # p_k (w_t - w^k)
+        pack_into(self.flat.float_buffers, bufs)
+        bufs.mul_(p)
 
     def _synchronize(self) -> None:
         """Line 8 over the participants; every rank calls it (non-participants are charged nothing)."""
@@ -321,14 +342,8 @@ class FedAvg(Algorithm):
         diag.zero_()
         if self.is_selected:
             p = float(self.averaging_weights(sel)[sel.index(self.ctx.rank)])
-            torch.sub(self.global_w, self.flat.data, out=delta)          # w_t - w^k
-            diag[0] = torch.linalg.vector_norm(delta)
-            diag[1] = 1.0
             bufs = self.wire[n:n + self.nbuf]
-            self.contribute(delta, p)                                    # p_k (w_t - w^k)
-            pack_into(self.flat.float_buffers, bufs)
-            bufs.mul_(p)
-            self._average(self.wire, sel)
+            self._average(self.wire, sel, p)
             self.server_update(self.aggregate(delta))                    # w_{t+1}
             self.flat.data.copy_(self.global_w)
             unpack_from(bufs, self.flat.float_buffers)

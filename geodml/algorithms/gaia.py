@@ -50,17 +50,20 @@ class Gaia(Algorithm):
         self.threshold = self.t0
         n = flat.numel
         dev = flat.data.device
-        # Preallocated hot-path buffers (DESIGN.md rule 12), on the model's device.
-        self.v = torch.zeros_like(flat.data)              # accumulated, not yet significant updates
-        self.abs_v = torch.empty_like(flat.data)
-        self.bound = torch.empty_like(flat.data)          # T_t * |w|
-        self.mask = torch.empty(n, dtype=torch.bool, device=dev)
-        self.idx64 = torch.empty(n, dtype=torch.int64, device=dev)    # storage kept across resize_ (no realloc)
-        self.idx32 = torch.empty(n, dtype=torch.int32, device=dev)
-        self.vals = torch.empty(n, dtype=torch.float32, device=dev)
-        self.recv_idx = torch.empty(n, dtype=torch.int64, device=dev)
-        self.recv_vals = torch.empty(n, dtype=torch.float32, device=dev)
-        self.recv_idx32 = torch.empty(n, dtype=torch.int32, device=dev)
+        self.v = torch.zeros_like(flat.data)              # accumulated, not yet significant updates (own state)
+        # Preallocated hot-path buffers (DESIGN.md rule 12), on the model's device: scratch that the
+        # partitions of a process share (geodml.algorithms.shared): each is used within one turn
+        # (select -> send, which copies; receive -> add), never across a wait.
+        sc = ctx.shared.scratch
+        self.abs_v = sc("gaia.abs_v", n, flat.data.dtype, dev)
+        self.bound = sc("gaia.bound", n, flat.data.dtype, dev)          # T_t * |w|
+        self.mask = sc("gaia.mask", n, torch.bool, dev)
+        self.idx64 = sc("gaia.idx64", n, torch.int64, dev)    # storage kept across resize_ (no realloc)
+        self.idx32 = sc("gaia.idx32", n, torch.int32, dev)
+        self.vals = sc("gaia.vals", n, torch.float32, dev)
+        self.recv_idx = sc("gaia.recv_idx", n, torch.int64, dev)
+        self.recv_vals = sc("gaia.recv_vals", n, torch.float32, dev)
+        self.recv_idx32 = sc("gaia.recv_idx32", n, torch.int32, dev)
         # On CPU the selection runs on NumPy views of these buffers: np.flatnonzero is 3-60x
         # faster than torch.nonzero on one thread (60x at 50% significant; docs/performance.md).
         self._np: tuple[np.ndarray, ...] | None = None
@@ -212,9 +215,7 @@ class Gaia(Algorithm):
 
     def add_update(self, w: torch.Tensor, arrays: list[np.ndarray]) -> None:
         """Add one received update (as sent: dense float32 values, int32 indices and float32
-        values, or nothing) to ``w``: one model ``[n]``, or several ``[rows, n]`` that each get it
-        (geodml.pool_gaia: each row's every entry gets the one addition the 1-D call makes, so
-        the bits are the same)."""
+        values, or nothing) to the model ``w`` ``[n]``."""
         n = w.shape[-1]
         if len(arrays) == 1:                      # dense
             copy_array_into(self.recv_vals.resize_(n), arrays[0])
@@ -224,10 +225,7 @@ class Gaia(Algorithm):
             copy_array_into(self.recv_idx32.resize_(m), arrays[0])
             self.recv_idx.resize_(m).copy_(self.recv_idx32)
             copy_array_into(self.recv_vals.resize_(m), arrays[1])
-            if w.dim() == 1:
-                w.index_add_(0, self.recv_idx, self.recv_vals)
-            else:
-                w.index_add_(1, self.recv_idx, self.recv_vals.expand(w.shape[0], m))
+            w.index_add_(0, self.recv_idx, self.recv_vals)
 
     def restore_buffers(self) -> None:
         """The send and receive buffers back to full length after a step (``resize_`` within their

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from geodml import kernels
+from geodml.algorithms.shared import ProcessShared
 
 
 def target_count(sparsity: float, numel: int) -> int:
@@ -55,7 +56,9 @@ class TopSelector:
     """Use the exact top-k when the sample would be at least this fraction of N."""
 
     def __init__(self, numel: int, *, sample_ratio: float, sparsities: tuple[float, ...], generator: torch.Generator,
-                 device: torch.device | str = "cpu", backend: str = "auto") -> None:
+                 device: torch.device | str = "cpu", backend: str = "auto", shared: ProcessShared | None = None) -> None:
+        """``shared``: the process's shared buffers (geodml.algorithms.shared): the selector's working
+        buffers are scratch, used within one ``select`` and what reads its result before a wait."""
         if backend == "auto":
             cpu = torch.device(device).type == "cpu"
             backend = ("fused" if kernels.compiled is not None else "numpy") if cpu else "torch"
@@ -64,17 +67,19 @@ class TopSelector:
         if backend == "fused" and kernels.compiled is None:
             raise ValueError(f"selection backend 'fused' needs geodml._kernels: {kernels.UNAVAILABLE_REASON}")
         self.numel, self.sample_ratio, self.backend, self.gen = numel, float(sample_ratio), backend, generator
-        self.absv = torch.empty(numel, dtype=torch.float32, device=device)
-        self.mask = torch.empty(numel, dtype=torch.bool, device=device)
-        self.all_idx = torch.arange(numel, dtype=torch.int64, device=device)
+        sc = (shared or ProcessShared()).scratch
+        self.absv = sc("topk.absv", numel, torch.float32, device)
+        self.mask = sc("topk.mask", numel, torch.bool, device)
+        self.all_idx = (shared or ProcessShared()).tensor(f"topk.all_idx.{numel}.{device}", torch.empty(
+            numel, dtype=torch.int64, device=device), lambda t: torch.arange(numel, out=t))  # read only
         cap = max([self.sample_size(s) for s in sparsities] + [1])
-        self.sample_idx = torch.empty(cap, dtype=torch.int64, device=device)
-        self.sample_val = torch.empty(cap, dtype=torch.float32, device=device)
+        self.sample_idx = sc("topk.sample_idx", cap, torch.int64, device)
+        self.sample_val = sc("topk.sample_val", cap, torch.float32, device)
         if backend in ("numpy", "fused"):
             self._absv_np, self._mask_np = self.absv.numpy(), self.mask.numpy()
-            self._part_np = np.empty(numel, dtype=np.float32)  # scratch of the exact selection
+            self._part_np = sc("topk.part", numel, torch.float32, device).numpy()  # scratch of the exact selection
         if backend == "fused":  # candidates go into a preallocated index buffer (no N-sized temporaries)
-            self.cand = torch.empty(numel, dtype=torch.int64)
+            self.cand = sc("topk.cand", numel, torch.int64, device)
             self._cand_np = self.cand.numpy()
         self._values_np = np.empty(0, dtype=np.float32)  # the fused path's view of select()'s values
         self.path = "none"

@@ -117,6 +117,12 @@ class Comm(Protocol):
         timeout, :class:`CommTimeoutError` names the missing ranks and nothing is lost."""
         ...
 
+    def recv_from(self, srcs: Sequence[int], kind: str, *, step: int,
+                  timeout_s: float | None = None) -> dict[int, list[np.ndarray]]:
+        """One (kind, step) message from each of ``srcs`` (distinct other ranks), ``{src: arrays}`` in
+        the order given, with one wait for all of them; a timeout as :meth:`recv_from_all`."""
+        ...
+
     # ---- uncharged bookkeeping (the emulator's own, not the emulated system's) ----------------
     def meta_all_reduce(self, tensor: torch.Tensor) -> None:
         """In place: the sum over ranks. Never charged."""

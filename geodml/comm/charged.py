@@ -220,6 +220,21 @@ class ChargedComm(ABC):
         self._pacing.receive(max(m.arrival_s for m in msgs.values()))
         return {s: list(msgs[s].arrays) for s in others}  # lists of their own, as recv
 
+    def recv_from(self, srcs: Sequence[int], kind: str, *, step: int,
+                  timeout_s: float | None = None) -> dict[int, list[np.ndarray]]:
+        """One (kind, step) message from each of ``srcs``: ``{src: arrays}`` in the order given."""
+        self._check_kind(kind)
+        for s in srcs:
+            self._check_rank(s, "src")
+        srcs = [int(s) for s in srcs]
+        if len(set(srcs)) != len(srcs):
+            raise ValueError(f"recv_from: the sources must be distinct, got {srcs}")
+        if not srcs:
+            return {}
+        msgs = self._take_from(srcs, kind, self._check_step(step), timeout_s)
+        self._pacing.receive(max(m.arrival_s for m in msgs.values()))
+        return {s: list(msgs[s].arrays) for s in srcs}
+
     # ---- uncharged bookkeeping ---------------------------------------------------------------
     def meta_all_reduce(self, tensor: torch.Tensor) -> None:
         """Sum over ranks for the emulator's own bookkeeping (never charged)."""

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from geodml.algorithms.base import FlatParams
+from geodml.algorithms.shared import ProcessShared
 from geodml.channels_last import ChannelsLastTwin
 from geodml.config import OptimConfig
 
@@ -52,6 +53,8 @@ class Worker:
         self._visitor: tuple[nn.Module, FlatParams] | None = None
         self._partitions: dict[int, FlatParams] = {}
         self.bound: FlatParams | None = None
+        self.shared = ProcessShared()
+        """The algorithms' scratch and once-per-process values (geodml.algorithms.shared), for every partition."""
         self.poison = os.environ.get(POISON_ENV) == "1"
         """Fill the shared buffers with garbage (NaN, -1) whenever another partition is bound: a value
         read across a switch then shows (the golden tests run so; POISON_ENV)."""
@@ -79,6 +82,7 @@ class Worker:
                     t.fill_(float("nan"))
             self.yb.fill_(-1)
             self.idx.fill_(-1)
+            self.shared.poison()
         for p, view in zip(self.flat.params, part.views):
             p.data = view
         for slots, buf in zip(self._slots, part.buffers):
