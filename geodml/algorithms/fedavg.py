@@ -139,7 +139,10 @@ class FedAvg(Algorithm):
         n = flat.numel
         self.nbuf = sum(b.numel() for b in flat.float_buffers)
         dtype, dev, sc = flat.data.dtype, flat.data.device, ctx.shared.scratch
-        self.global_w = flat.data.clone()                            # w_t, the round's starting model
+        # w_t, the round's starting model: one copy per process (geodml.algorithms.shared), current whenever
+        # a hosted partition reads it (``_server`` says which round it holds)
+        self.global_w = ctx.shared.tensor("fedavg.global_w", flat.data, lambda t: t.copy_(flat.data))
+        self._server = ctx.shared.object("fedavg.server", _ServerRound)
         # scratch shared by a process's partitions (geodml.algorithms.shared), each used within a turn:
         # one round's message [update (n) | BatchNorm buffers (nbuf) | a variant's scalars (wire_extra)],
         # a download's payload, a minibatch's sample weights
@@ -275,6 +278,7 @@ class FedAvg(Algorithm):
         if stale:
             self._download_global(src=min(self.holders), stale=stale)
         if self.is_selected:
+            assert self._server.round == self.round, "a participant reads the process's w_t of its round"
             self.flat.data.copy_(self.global_w)             # line 3: w^k <- w_t
             if self.reset_momentum:
                 self.u.zero_()
@@ -295,7 +299,9 @@ class FedAvg(Algorithm):
         elif self.ctx.rank in stale:
             copy_array_into(buf, self.comm.recv(src, "model", step=tag)[0])
             unpack_from(buf, tensors)
+            self._server.round = self.round      # the process's copy holds w_t now
             self.download_count += 1
+            self.on_server_state()
         self.holders = self.holders | frozenset(stale)
 
     def _average(self, buf: torch.Tensor, sel: tuple[int, ...], p: float) -> None:
@@ -344,7 +350,11 @@ class FedAvg(Algorithm):
             p = float(self.averaging_weights(sel)[sel.index(self.ctx.rank)])
             bufs = self.wire[n:n + self.nbuf]
             self._average(self.wire, sel, p)
-            self.server_update(self.aggregate(delta))                    # w_{t+1}
+            step = self.aggregate(delta)
+            if self._server.round == self.round:     # once per process: its hosted participants share w_t
+                self.server_update(step)                                  # w_{t+1}
+                self._server.round = self.round + 1
+            self.on_server_state()
             self.flat.data.copy_(self.global_w)
             unpack_from(bufs, self.flat.float_buffers)
             diag[2] = torch.linalg.vector_norm(self.global_w) / len(sel)
@@ -375,8 +385,13 @@ class FedAvg(Algorithm):
         return summed
 
     def server_update(self, delta: torch.Tensor) -> None:
-        """w_{t+1} = w_t - delta (plain model averaging). FedAvgM overrides."""
+        """w_{t+1} = w_t - delta (plain model averaging). FedAvgM overrides. Called once per process
+        and round: the process's hosted participants share the server state (``server_state``)."""
         self.global_w.sub_(delta)
+
+    def on_server_state(self) -> None:
+        """This partition now holds the current server state (after its round's average, or a
+        download): a variant's statistics of it (FedAvgM) are taken here."""
 
     # ---- what the trainer reads --------------------------------------------------------------
     @property
@@ -445,10 +460,12 @@ class FedAvg(Algorithm):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.u.copy_(state["u"])
-        self.global_w.copy_(state["global_w"])
         self.iter_local = int(state["iter_local"])
         self.round = int(state["round"])
         self.holders = frozenset(int(r) for r in state["holders"])
+        if self.ctx.rank in self.holders:  # a holder's copy is w_t: the process's copy (others' may be stale)
+            self.global_w.copy_(state["global_w"])
+            self._server.round = self.round
         self.syncs = int(state["syncs"])
         self.selected = self.select_partitions(self.round)
         self.round_len = self.round_length()
@@ -456,6 +473,15 @@ class FedAvg(Algorithm):
         self.steps_in_round = int(state["steps_in_round"])
         self._pending_knob = state.get("pending_theta")
         self.on_round_start()
+
+
+class _ServerRound:
+    """Which round's w_t the process's copy of the server state holds (FedAvg's ``_server``)."""
+
+    __slots__ = ("round",)
+
+    def __init__(self) -> None:
+        self.round = 0
 
 
 def add_array(buf: torch.Tensor, arr: np.ndarray) -> None:

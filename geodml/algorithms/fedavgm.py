@@ -30,7 +30,9 @@ class FedAvgM(FedAvg):
         self.server_momentum = float(server_momentum)
         self.server_lr = float(server_lr)
         self.nesterov = bool(nesterov)
-        self.v = torch.zeros_like(kw["flat"].data)     # server momentum buffer, preallocated
+        # the server momentum buffer: one per process, as w_t (geodml.algorithms.fedavg)
+        self.v = kw["ctx"].shared.tensor("fedavgm.v", kw["flat"].data, torch.Tensor.zero_)
+        self._v_norm = 0.0          # ||v|| as this partition last held it (its round's average or a download)
         super().__init__(**kw)
 
     def server_update(self, delta: torch.Tensor) -> None:
@@ -44,12 +46,20 @@ class FedAvgM(FedAvg):
     def server_state(self) -> list[torch.Tensor]:
         return super().server_state() + [self.v]
 
+    def on_server_state(self) -> None:
+        super().on_server_state()
+        self._v_norm = float(torch.linalg.vector_norm(self.v))
+
     def stats(self) -> dict[str, float]:
-        return {**super().stats(), "fedavgm_server_momentum_norm": float(torch.linalg.vector_norm(self.v))}
+        """The norm of v as this partition last held it (it has not changed since for this partition: a
+        partition that sits rounds out holds the v of the round it last took part in)."""
+        return {**super().stats(), "fedavgm_server_momentum_norm": self._v_norm}
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "v": self.v.clone()}
+        return {**super().state_dict(), "v": self.v.clone(), "v_norm": self._v_norm}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.v.copy_(state["v"])
+        if self.ctx.rank in self.holders:  # as w_t: a holder's copy is the current one
+            self.v.copy_(state["v"])
+        self._v_norm = float(state["v_norm"]) if "v_norm" in state else float(torch.linalg.vector_norm(state["v"]))
