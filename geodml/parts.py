@@ -336,7 +336,7 @@ def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: 
                         log_every=cfg.log_every, seed=cfg.seed, eval_at=eval_at,
                         divergence_loss=cfg.reliability.divergence_loss, partition_scores=cfg.partition_scores)
     trainer = Trainer(model=model, flat=flat, algo=algo, comm=comm, data=data, schedule=schedule, sink=sink,
-                      skewscout=skewscout, step_hooks=step_hooks, eval_cache=eval_cache, shared=worker)
+                      skewscout=skewscout, step_hooks=step_hooks, eval_cache=eval_cache, worker=worker)
     if resume_step is not None:
         checkpointer.restore(trainer, resume_step)
         if is0:

@@ -19,7 +19,8 @@ import hashlib
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -36,6 +37,7 @@ from geodml.metrics.sinks import Sink
 
 if TYPE_CHECKING:
     from geodml.comm.api import RunComm
+    from geodml.engine.worker import Worker
     from geodml.skewscout import SkewScout
 
 
@@ -247,15 +249,6 @@ class Schedule:
     with models of their own (``Algorithm.partitions_hold_global_models`` False)."""
 
 
-class SharedBuffers(Protocol):
-    """Minibatch buffers a process's partitions share (geodml.engine.worker.Worker)."""
-
-    xb: torch.Tensor
-    yb: torch.Tensor
-    idx: torch.Tensor
-    twin: ChannelsLastTwin | None
-
-
 class Minibatch(Protocol):
     """What :func:`local_gradient` works with: a model over a flat buffer, the training tensors and
     preallocated minibatch buffers (a :class:`Trainer`, or geodml.pool's worker)."""
@@ -308,7 +301,7 @@ class Trainer:
     def __init__(self, *, model: nn.Module, flat: FlatParams, algo: Algorithm, comm: RunComm, data: TrainData,
                  schedule: Schedule, sink: Sink | None = None, skewscout: SkewScout | None = None,
                  step_hooks: Sequence[Callable[[Trainer], None]] = (), eval_cache: EvalCache | None = None,
-                 channels_last: bool = False, shared: SharedBuffers | None = None) -> None:
+                 channels_last: bool = False, worker: Worker | None = None) -> None:
         self.rank, self.world_size = comm.rank, comm.world_size
         self.eval_cache = eval_cache  # shared by the partitions of one process (geodml.run hosts them)
         self.model, self.flat, self.algo, self.comm, self.optim = model, flat, algo, comm, schedule.optim
@@ -325,17 +318,12 @@ class Trainer:
         self.step_hooks = tuple(step_hooks)  # called with the trainer after each step's logging (checkpoints, fault tests)
         self.state = TrainState()
         optim, train_x, train_y = schedule.optim, data.train_x, data.train_y
-        device = flat.data.device
-        if shared is not None:  # the process's worker (geodml.engine.worker): shared by its partitions
-            self.xb, self.yb, self.idx, self.twin = shared.xb, shared.yb, shared.idx, shared.twin
-        else:  # preallocated minibatch buffers (no per-step tensor churn)
-            self.xb = torch.empty((optim.batch_size, *train_x.shape[1:]), dtype=train_x.dtype, device=device)
-            self.yb = torch.empty(optim.batch_size, dtype=train_y.dtype, device=device)
-            self.idx = torch.empty(optim.batch_size, dtype=torch.int64, device=device)
-            self.twin = ChannelsLastTwin(model, flat, self.xb) if channels_last else None
-        # Scratch for the averaged global model (swap in, evaluate, swap back).
-        self._backup = torch.empty_like(flat.data)
-        self._buf_backup = [torch.empty_like(b) for b in flat.float_buffers]
+        if worker is None:  # a partition alone: a worker of its own, over this very model
+            from geodml.engine.worker import Worker
+            worker = Worker.of(model, flat, train_x=train_x, train_y=train_y, optim=optim, channels_last=channels_last)
+        # the process's worker (geodml.engine.worker): minibatch buffers shared by its partitions
+        self.worker = worker
+        self.xb, self.yb, self.idx, self.twin = worker.xb, worker.yb, worker.idx, worker.twin
         self.shard = slice(self.rank, None, self.world_size)
         self.wall_t0 = time.monotonic()
         self.resumed_wall_s = 0.0  # the training wall time a restored checkpoint had recorded (0: a fresh run)
@@ -471,40 +459,46 @@ class Trainer:
         self.sink.log(rec)
         return rec
 
-    def _swap_in_global(self) -> None:
-        """Replace local weights/buffers by the global model (uncharged bookkeeping): the weights
-        of ``algo.global_model_rank`` when it names one, else the partitions' average."""
+    @contextmanager
+    def _global_model(self) -> Iterator[None]:
+        """The model bound to the global model for the body (uncharged bookkeeping): the weights of
+        ``algo.global_model_rank`` when it names one, else the partitions' average, and the average
+        of the float buffers. Computed into the worker's scratch model (geodml.engine.worker), so the
+        partition's own weights are never touched; the body runs within this partition's turn."""
         k = self.world_size
         agree = self.algo.models_agree
+        if agree and not self.flat.float_buffers:  # the partition's own model is the global one
+            yield
+            return
         src = None if agree else self.algo.global_model_rank
+        g, packed = self.worker.global_view()
+        # one collective over what differs between partitions (the weights unless they agree, the float
+        # buffers): the scratch model holds nothing across a wait, so it is filled once, after it
+        part = packed if not agree else packed[self.flat.numel:]
         if not agree:
-            self._backup.copy_(self.flat.data)
-            if src is None:
-                self.comm.meta_all_reduce(self.flat.data)
-                self.flat.data.div_(k)
-            else:
-                self.comm.meta_broadcast(self.flat.data, src)
-        for b, bk in zip(self.flat.float_buffers, self._buf_backup):
-            bk.copy_(b)
-            if src is None:
-                self.comm.meta_all_reduce(b)
-                b.div_(k)
-            else:
-                self.comm.meta_broadcast(b, src)
-
-    def _swap_out_global(self) -> None:
-        if not self.algo.models_agree:
-            self.flat.data.copy_(self._backup)
-        for b, bk in zip(self.flat.float_buffers, self._buf_backup):
-            b.copy_(bk)
+            g.data.copy_(self.flat.data)
+        for gb, b in zip(g.float_buffers, self.flat.float_buffers):
+            gb.copy_(b)
+        if src is None:
+            self.comm.meta_all_reduce(part)
+            part.div_(k)
+        else:
+            self.comm.meta_broadcast(part, src)
+        if agree:
+            g.data.copy_(self.flat.data)
+        for gb, b in zip(g.buffers, self.flat.buffers):  # step counters: the partition's own
+            if not b.is_floating_point():
+                gb.copy_(b)
+        self.worker.bind(g)
+        try:
+            yield
+        finally:
+            self.worker.bind(self.flat)
 
     def evaluate_global(self) -> tuple[float, float]:
         """Accuracy and loss of the global model on the whole test set (sharded over ranks)."""
-        self._swap_in_global()
-        try:
+        with self._global_model():
             correct, loss_sum = evaluate(self.model, self.test_x[self.shard], self.test_y[self.shard])
-        finally:
-            self._swap_out_global()
         t = torch.tensor([float(correct), loss_sum], dtype=torch.float64)
         self.comm.meta_all_reduce(t)
         n = len(self.test_y)
@@ -512,11 +506,8 @@ class Trainer:
 
     def global_state_dict(self) -> dict:
         """The global model's state_dict (call on every rank: it uses collectives)."""
-        self._swap_in_global()
-        try:
+        with self._global_model():
             return {k: v.detach().clone().cpu() for k, v in self.model.state_dict().items()}
-        finally:
-            self._swap_out_global()
 
     def _finish(self, lr: float) -> dict:
         final = self._log(lr, with_eval=True)

@@ -135,6 +135,11 @@ class FedAvg(Algorithm):
         self.sizes = np.asarray(ctx.label_counts, dtype=np.int64).sum(axis=1)
         if len(self.sizes) != ctx.world_size:
             raise ValueError(f"label_counts has {len(self.sizes)} rows for {ctx.world_size} partitions")
+        if self.reset_momentum:
+            # u^k matters only within a round it takes part in: a leased buffer then (zeroed at the round's
+            # start), a zero tensor the process's partitions share (never written) otherwise
+            self._idle_u = ctx.shared.tensor("fedavg.idle_u", flat.data, torch.Tensor.zero_)
+            self.u = self._idle_u
         # internal state: preallocated flat buffers (DESIGN.md rule 12)
         n = flat.numel
         self.nbuf = sum(b.numel() for b in flat.float_buffers)
@@ -281,8 +286,20 @@ class FedAvg(Algorithm):
             assert self._server.round == self.round, "a participant reads the process's w_t of its round"
             self.flat.data.copy_(self.global_w)             # line 3: w^k <- w_t
             if self.reset_momentum:
+                self._lease_u()
                 self.u.zero_()
         self.on_round_start()
+
+    def _lease_u(self) -> None:
+        """--reset-momentum: this participant's u^k for the round (geodml.algorithms.shared.lease)."""
+        if self.u is self._idle_u:
+            self.u = self.ctx.shared.lease("fedavg.u", self._idle_u)
+
+    def _release_u(self) -> None:
+        """--reset-momentum: the round is over; its u^k goes back (the next round starts from zero)."""
+        if self.u is not self._idle_u:
+            self.ctx.shared.release("fedavg.u", self.u)
+            self.u = self._idle_u
 
     def server_state(self) -> list[torch.Tensor]:
         """Tensors a participant must hold besides BatchNorm buffers: w_t (FedAvgM adds v)."""
@@ -369,6 +386,8 @@ class FedAvg(Algorithm):
         self._delta_sum += self.last_delta
         self._delta_n += 1
         self.holders = frozenset(self.selected)
+        if self.reset_momentum:
+            self._release_u()
         self.steps_in_round = 0
         self.syncs += 1
         self.round += 1
@@ -459,7 +478,8 @@ class FedAvg(Algorithm):
                 "holders": sorted(self.holders), "syncs": self.syncs, "pending_theta": self._pending_knob}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.u.copy_(state["u"])
+        if not self.reset_momentum:
+            self.u.copy_(state["u"])
         self.iter_local = int(state["iter_local"])
         self.round = int(state["round"])
         self.holders = frozenset(int(r) for r in state["holders"])
@@ -471,6 +491,11 @@ class FedAvg(Algorithm):
         self.round_len = self.round_length()
         self.my_local_steps = self.local_steps_of(self.ctx.rank)
         self.steps_in_round = int(state["steps_in_round"])
+        if self.reset_momentum:  # a participant of the round under way continues from its u^k
+            self._release_u()
+            if self.is_selected:
+                self._lease_u()
+                self.u.copy_(state["u"])
         self._pending_knob = state.get("pending_theta")
         self.on_round_start()
 

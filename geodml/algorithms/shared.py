@@ -18,6 +18,9 @@ gives both:
 * :meth:`ProcessShared.tensor` and :meth:`ProcessShared.object` -- one value for the process's
   partitions, for state that is the same on every partition that reads it (FedAvg's global model
   w_t): the first caller creates it.
+* :meth:`ProcessShared.lease` / :meth:`ProcessShared.release` -- a buffer that is a partition's own
+  for a while (FedAvg's momentum under ``--reset-momentum``, for the rounds it takes part in), from a
+  free list, so the process holds as many as are in use at once rather than one per partition.
 
 With one partition in a process (or in a unit test) every call returns a buffer of that partition's
 own: the same code, nothing shared.
@@ -39,6 +42,7 @@ class ProcessShared:
     def __init__(self) -> None:
         self._scratch: dict[tuple, torch.Tensor] = {}
         self._values: dict[str, Any] = {}
+        self._free: dict[tuple, list[torch.Tensor]] = {}
 
     def scratch(self, name: str, shape: int | tuple[int, ...], dtype: torch.dtype,
                 device: torch.device | str = "cpu") -> torch.Tensor:
@@ -64,6 +68,15 @@ class ProcessShared:
         if name not in self._values:
             self._values[name] = factory()
         return self._values[name]
+
+    def lease(self, name: str, like: torch.Tensor) -> torch.Tensor:
+        """A buffer shaped as ``like`` that is the caller's own until it releases it (contents undefined)."""
+        free = self._free.setdefault((name, tuple(like.shape), like.dtype, like.device), [])
+        return free.pop() if free else torch.empty_like(like)
+
+    def release(self, name: str, buf: torch.Tensor) -> None:
+        """Give back a buffer from :meth:`lease` of ``name`` (the caller must not use it afterwards)."""
+        self._free.setdefault((name, tuple(buf.shape), buf.dtype, buf.device), []).append(buf)
 
     def poison(self) -> None:
         """Fill every scratch buffer with garbage (NaN, -1, True): the engine's test mode, at every

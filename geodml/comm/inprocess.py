@@ -509,7 +509,7 @@ class InProcessComm(ChargedComm):
         g = self._group
         out = g._exchange(self.rank, ("broadcast", src, tuple(tensor.shape), tensor.dtype), tensor,
                           functools.partial(g._pick, src=src), self._arrival_s)
-        if self.rank != src:
+        if self.rank != src or g.hub is not None:  # cooperative: the source's tensor may be scratch reused meanwhile
             tensor.copy_(out)
 
     def _gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:

@@ -52,12 +52,22 @@ class Worker:
                                 for name, b in m._buffers.items() if b is buf])
         self._visitor: tuple[nn.Module, FlatParams] | None = None
         self._partitions: dict[int, FlatParams] = {}
+        self._entered: int | None = None
+        self._global: tuple[FlatParams, torch.Tensor] | None = None
         self.bound: FlatParams | None = None
         self.shared = ProcessShared()
         """The algorithms' scratch and once-per-process values (geodml.algorithms.shared), for every partition."""
         self.poison = os.environ.get(POISON_ENV) == "1"
         """Fill the shared buffers with garbage (NaN, -1) whenever another partition is bound: a value
         read across a switch then shows (the golden tests run so; POISON_ENV)."""
+
+    @classmethod
+    def of(cls, model: nn.Module, flat: FlatParams, *, train_x: torch.Tensor, train_y: torch.Tensor,
+           optim: OptimConfig, channels_last: bool = False) -> Worker:
+        """A worker of one partition whose weights are ``flat`` itself (a Trainer built without one)."""
+        worker = cls(model, flat, train_x=train_x, train_y=train_y, optim=optim, channels_last=channels_last)
+        worker.bound = flat
+        return worker
 
     def new_partition(self, rank: int) -> FlatParams:
         """Partition ``rank``'s own weights and buffers, a copy of the initial model's (bound at once)."""
@@ -67,22 +77,52 @@ class Worker:
 
     def enter(self, rank: int) -> None:
         """Bind partition ``rank`` (the hub calls it before the partition's task runs; nothing before
-        the partition has its own weights)."""
-        own = self._partitions.get(rank)
-        if own is not None:
-            self.bind(own)
-
-    def bind(self, part: FlatParams) -> None:
-        """Point the model's parameters and buffers at ``part``'s tensors (a no-op when they are)."""
-        if self.bound is part:
-            return
-        if self.poison and self.bound is not None:
+        the partition has its own weights). In the poison test mode a switch from another partition
+        fills the shared buffers with garbage first."""
+        if self.poison and self._entered is not None and self._entered != rank:
             for t in (self.flat.grad, self.xb):
                 if t.is_floating_point():
                     t.fill_(float("nan"))
             self.yb.fill_(-1)
             self.idx.fill_(-1)
             self.shared.poison()
+        self._entered = rank
+        own = self._partitions.get(rank)
+        if own is not None:
+            self.bind(own)
+
+    def global_view(self) -> tuple[FlatParams, torch.Tensor]:
+        """Weights and buffers of the process's one scratch model (geodml.algorithms.shared: filled and
+        used within a turn), into which a partition computes the global model to evaluate it, and the
+        one vector that holds its weights then its float buffers."""
+        if self._global is None:
+            g = self.flat.own_copy()
+            sc = self.shared.scratch
+            n = g.numel
+            nfloat = sum(b.numel() for b in g.float_buffers)
+            # the weights, then the float buffers, in one vector: one collective computes the global model
+            packed = sc("worker.global_model", n + nfloat, g.data.dtype, g.data.device)
+            g.data = packed[:n]
+            offsets = [0]
+            for v in g.views:
+                offsets.append(offsets[-1] + v.numel())
+            g.views = [g.data[a:b].view_as(v) for v, a, b in zip(g.views, offsets, offsets[1:])]
+            buffers, off = [], n
+            for i, b in enumerate(g.buffers):
+                if b.is_floating_point():
+                    buffers.append(packed[off:off + b.numel()].view_as(b))
+                    off += b.numel()
+                else:
+                    buffers.append(sc(f"worker.global_buffer.{i}", b.shape, b.dtype, b.device))
+            g.buffers = buffers
+            g.float_buffers = [b for b in g.buffers if b.is_floating_point()]
+            self._global = (g, packed)
+        return self._global
+
+    def bind(self, part: FlatParams) -> None:
+        """Point the model's parameters and buffers at ``part``'s tensors (a no-op when they are)."""
+        if self.bound is part:
+            return
         for p, view in zip(self.flat.params, part.views):
             p.data = view
         for slots, buf in zip(self._slots, part.buffers):
