@@ -10,6 +10,7 @@ the build closes exactly what was opened, in reverse order.
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from contextlib import ExitStack
@@ -70,6 +71,19 @@ class Preflight:
     own_eval_indices: torch.Tensor | None = None
     """The test rows each partition's own final model is scored on (``--partition-eval-examples``;
     None: all of them; geodml.trainer.partition_eval_indices)."""
+
+    @functools.cached_property
+    def report(self) -> dict:
+        """Every partition's size and label counts (geodml.data.partition.partition_report): once per
+        process, for all the partitions it hosts."""
+        from geodml.data.partition import partition_report
+        assert self.dataset is not None, "a preflight that loaded the data"
+        return partition_report(self.dataset.train_y.numpy(), self.partitions, self.dataset.num_classes)
+
+    @functools.cached_property
+    def label_counts(self) -> np.ndarray:
+        """[P, C] training-label counts of every partition (one array, shared by the hosted partitions)."""
+        return np.asarray(self.report["label_counts"], dtype=np.int64)
 
 
 class Startup:
@@ -268,7 +282,6 @@ def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: 
     from geodml.algorithms import AlgoContext, build_algorithm
     from geodml.checkpoint import Checkpointer, find_resume_step, fingerprint, resume_requested, truncate_metrics
     from geodml.comm import build_comm
-    from geodml.data.partition import partition_report
     from geodml.metrics.sinks import MultiSink, Sink
     from geodml.peerwatch import fault_hook_from_env
     from geodml.runtime import collective_device
@@ -288,7 +301,7 @@ def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: 
     ds, parts = pre.dataset, pre.partitions
     assert ds is not None, "build_parts needs a preflight that loaded the data"
     labels = ds.train_y.numpy()
-    report = partition_report(labels, parts, ds.num_classes)
+    report = pre.report
     startup.moved_to_preflight("data_s", pre.data_s)
 
     t = tensors or DeviceData.of(ds, device)
@@ -298,8 +311,7 @@ def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: 
     spe = steps_per_epoch(len(labels), world, cfg.optim.batch_size)
     total_steps, eval_at = training_length(cfg, np.asarray([len(p) for p in parts]), spe)
     ctx = AlgoContext(rank=rank, world_size=world, seed=cfg.seed, steps_per_epoch=spe, total_steps=total_steps,
-                      batch_size=cfg.optim.batch_size, label_counts=np.asarray(report["label_counts"], dtype=np.int64),
-                      shared=worker.shared)
+                      batch_size=cfg.optim.batch_size, label_counts=pre.label_counts, shared=worker.shared)
     algo = build_algorithm(cfg, flat=flat, comm=comm, ctx=ctx)
     fp = fingerprint(cfg, world)
     resume_step = find_resume_step(out, world, fp) if resume_requested(cfg) else None

@@ -132,7 +132,9 @@ class FedAvg(Algorithm):
         self.reset_momentum = bool(reset_momentum)
         self.client_fraction = float(client_fraction)
         self.num_selected = num_participants(self.client_fraction, ctx.world_size)
-        self.sizes = np.asarray(ctx.label_counts, dtype=np.int64).sum(axis=1)
+        # per-run tables, one per process (a process may host thousands of partitions)
+        self.sizes = ctx.shared.object("fedavg.sizes", lambda: np.asarray(ctx.label_counts, dtype=np.int64).sum(axis=1))
+        self._selections: dict[int, tuple[int, ...]] = ctx.shared.object("fedavg.selections", dict)  # round -> who
         if len(self.sizes) != ctx.world_size:
             raise ValueError(f"label_counts has {len(self.sizes)} rows for {ctx.world_size} partitions")
         if self.reset_momentum:
@@ -161,7 +163,8 @@ class FedAvg(Algorithm):
         self.round_len = 0
         self.my_local_steps = 0         # this partition's local steps in the current round
         self.selected: tuple[int, ...] = ()
-        self.holders: frozenset[int] = frozenset(range(ctx.world_size))   # ranks holding w_t (all at t=0)
+        self.holders: frozenset[int] = ctx.shared.object(                  # ranks holding w_t (all at t=0)
+            "fedavg.everyone", lambda: frozenset(range(ctx.world_size)))
         self._pending_knob: float | None = None      # a knob value set mid-round, applied at the next round
         # statistics
         self.syncs = 0
@@ -190,8 +193,15 @@ class FedAvg(Algorithm):
         return self.round_len
 
     def select_partitions(self, round_index: int) -> tuple[int, ...]:
-        """Round ``round_index``'s participants (``select_round``: uniform, seeded by (seed, round))."""
-        return select_round(self.ctx.seed, round_index, self.ctx.world_size, self.num_selected)
+        """Round ``round_index``'s participants (``select_round``: uniform, seeded by (seed, round)),
+        drawn once per process and round."""
+        memo = self._selections
+        got = memo.get(round_index)
+        if got is None:
+            got = memo[round_index] = select_round(self.ctx.seed, round_index, self.ctx.world_size, self.num_selected)
+            for old in [r for r in memo if r < round_index - 1]:
+                del memo[old]
+        return got
 
     def averaging_weights(self, selected: tuple[int, ...]) -> np.ndarray:
         """p_k over the participants: proportional to partition size (McMahan et al.)."""
