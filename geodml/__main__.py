@@ -3,4 +3,4 @@
 from geodml.cli import main
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(spawn=True))

@@ -73,7 +73,21 @@ def checkpoint_files(out: Path | str) -> list[Path]:
 
 
 def fingerprint(cfg: RunConfig, world_size: int) -> dict[str, Any]:
-    """The settings a checkpoint must share with the run that resumes it, as ``{"section.field": value}``."""
+    """The settings a checkpoint must share with the run that resumes it, as ``{"section.field": value}``
+    (computed once per configuration and process: a process may host thousands of partitions)."""
+    last = _LAST_FINGERPRINT
+    if last and last[0] is cfg and last[1] == world_size:
+        return dict(last[2])
+    fp = _fingerprint(cfg, world_size)
+    _LAST_FINGERPRINT[:] = [cfg, world_size, fp]
+    return dict(fp)
+
+
+_LAST_FINGERPRINT: list[Any] = []
+"""The last configuration fingerprinted, its world size and fingerprint (RunConfig is not hashable)."""
+
+
+def _fingerprint(cfg: RunConfig, world_size: int) -> dict[str, Any]:
     d = cfg.to_dict()
     fp: dict[str, Any] = {"world_size": world_size}
     for sec in _FINGERPRINT_SECTIONS:

@@ -184,10 +184,12 @@ def _bad_input_exit(message: str, is_rank0: bool, grace_s: float = RANK0_GRACE_S
     return 2
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, spawn: bool = False) -> int:
     """Parse, preflight, run. Exit codes: 0 done (or a torchrun restart that finds the run already
     finished), 2 bad input (one ``geodml: error:`` line from rank 0, every rank exits 2), 3 a rank
-    missing at start-up or lost later (geodml.peerwatch.PEER_LOST_EXIT)."""
+    missing at start-up or lost later (geodml.peerwatch.PEER_LOST_EXIT). ``spawn`` (``python -m
+    geodml``): outside torchrun, a run of several partitions starts ``--processes`` local ranks
+    (geodml.engine.launcher) after its input passed the preflight, and returns their exit code."""
     from geodml.peerwatch import PEER_LOST_EXIT
     from geodml.run import InputError, preflight, run
     from geodml.rundir import RunFinished
@@ -198,8 +200,19 @@ def main(argv: list[str] | None = None) -> int:
         _error(str(exc))
         return 2
     is_rank0 = env.rank == 0
+    warnings: list[str] = []
     try:
-        cfg = parse_config(argv, warn=(lambda m: print(m, file=sys.stderr)) if is_rank0 else None)
+        cfg = parse_config(argv, warn=warnings.append if is_rank0 else None)
+        if env.under_torchrun and cfg.processes is not None and cfg.processes != env.world_size:
+            raise ValueError(f"--processes {cfg.processes}: torchrun started {env.world_size} process(es) "
+                             f"(--nproc_per_node decides under torchrun); leave out --processes")
+        processes = 1
+        if spawn and not env.under_torchrun:
+            from geodml.engine.launcher import default_processes
+            processes = cfg.processes or default_processes(cfg.partitions or 1)
+        if processes == 1:
+            for m in warnings:  # (the launched ranks' rank 0 prints them otherwise)
+                print(m, file=sys.stderr)
         pre = preflight(cfg, env)  # every check that needs no process group; resolved once, handed on
     except RunFinished as done:
         if is_rank0:
@@ -208,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except ValueError as exc:
         return _bad_input_exit(str(exc), is_rank0)
+    if processes > 1:
+        from geodml.engine.launcher import spawn as spawn_ranks
+        return spawn_ranks(sys.argv[1:] if argv is None else argv, processes)
     try:
         run(cfg, env, pre)
     except InputError as exc:  # found during set-up, after the process group exists (docs/reliability.md)
@@ -219,5 +235,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def entry() -> int:
+    """The ``geodml`` console script: ``python -m geodml``."""
+    return main(spawn=True)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(spawn=True))

@@ -565,6 +565,10 @@ class RunConfig:
     partitions: int | None = opt(None, metavar="P", help="data partitions; each process hosts a block of them on "
                                  "one engine (in-process messages, charged exactly as sent; docs/launch.md)",
                                  default_text="the number of processes")
+    processes: int | None = opt(None, metavar="R", help="processes that `python -m geodml` starts for the run when "
+                                "torchrun did not launch it, each hosting a block of the partitions (results do not "
+                                "depend on R; geodml/engine/launcher.py); under torchrun, --nproc_per_node decides",
+                                default_text="one per usable core, at most --partitions (GEODML_PROCESSES overrides)")
     channels_last: bool = opt(False, help="train on a copy of the model whose convolution weights are channels-last, "
                               "synced with the flat weights every step: whole runs 1.07-1.19x faster on the CPU (cnn, "
                               "lenet, resnet20; docs/performance.md); gradients equal to float32 rounding, not bit for bit, "
@@ -593,6 +597,9 @@ class RunConfig:
         _check(not self.channels_last or self.model.model in CONV_MODELS,
                f"--channels-last: --model {self.model.model} has no convolutions (it applies to "
                f"{', '.join(CONV_MODELS)}); leave it out")
+        _check(self.processes is None or (isinstance(self.processes, int) and not isinstance(self.processes, bool)
+                                          and self.processes >= 1),
+               f"--processes must be a whole number >= 1, got {self.processes!r}")
         _check(isinstance(self.threads, int) and self.threads >= 1,
                f"--threads must be an integer >= 1, got {self.threads!r}")
         _check(isinstance(self.metrics_port, int) and 0 <= self.metrics_port <= 65535,

@@ -81,6 +81,11 @@ class Preflight:
         return partition_report(self.dataset.train_y.numpy(), self.partitions, self.dataset.num_classes)
 
     @functools.cached_property
+    def sizes(self) -> np.ndarray:
+        """Every partition's number of training examples (one array for the hosted partitions)."""
+        return np.asarray([len(p) for p in self.partitions], dtype=np.int64)
+
+    @functools.cached_property
     def label_counts(self) -> np.ndarray:
         """[P, C] training-label counts of every partition (one array, shared by the hosted partitions)."""
         return np.asarray(self.report["label_counts"], dtype=np.int64)
@@ -238,7 +243,7 @@ def _rank0_sinks(cfg: RunConfig, out: Path, total_steps: int) -> Sink:
 
 
 def write_run_header(cfg: RunConfig, pre: Preflight, out: Path, *, comm: RunComm, world: int, device: torch.device,
-                     model: torch.nn.Module, spe: int, total_steps: int, report: dict, engine: str | None = None) -> None:
+                     model: torch.nn.Module, spe: int, total_steps: int, report: dict, processes: int = 1) -> None:
     """config.json and partitions.json, and the run's opening lines on the console (rank 0)."""
     from geodml.data.partition import format_partition_table
     from geodml.models import count_parameters
@@ -246,14 +251,13 @@ def write_run_header(cfg: RunConfig, pre: Preflight, out: Path, *, comm: RunComm
     config_doc = {"version": __version__, "world_size": world, "backend": pre.backend, "device": str(device),
                   "config": cfg.to_dict(), "region_of_rank": comm.region_of_rank,
                   "parameters": count_parameters(model), "steps_per_epoch": spe, "total_steps": total_steps,
-                  "topology": comm.topology.to_dict() if comm.topology is not None else None}
-    if engine is not None:
-        config_doc["engine"] = engine
+                  "topology": comm.topology.to_dict() if comm.topology is not None else None,
+                  "processes": processes}
     rundir.write_header(out, config_doc=config_doc, partitions=report)
     print(f"geodml {__version__}: {cfg.algo.algo} on {cfg.data.dataset}, K={world} partitions "
           f"({cfg.data.partition}), {cfg.model.model}/{cfg.model.norm} with {count_parameters(model):,} "
-          f"parameters, {total_steps} steps ({spe}/epoch), backend {pre.backend} on {device}, wan {cfg.comm.wan}"
-          + (f", {engine} engine" if engine else ""))
+          f"parameters, {total_steps} steps ({spe}/epoch), {processes} process{'es' if processes > 1 else ''}, "
+          f"backend {pre.backend} on {device}, wan {cfg.comm.wan}")
     print(format_partition_table(report), flush=True)
 
 
@@ -273,7 +277,7 @@ def build_worker(cfg: RunConfig, ds: Dataset, tensors: DeviceData, device: torch
 def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: torch.device, stack: ExitStack,
                 startup: Startup, comm: RunComm | None = None, eval_cache: EvalCache | None = None,
                 host_exporter: RankExporter | None = None, tensors: DeviceData | None = None,
-                worker: Worker | None = None) -> Parts:
+                worker: Worker | None = None, processes: int = 1) -> Parts:
     """Build every part of this rank's run (collective: every rank calls it in the same order).
     ``env`` is the partition's view (rank = partition, world size = partitions); ``comm``, when
     given, is the partition's in-process Comm (geodml.run hosts several partitions in one process);
@@ -309,7 +313,7 @@ def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: 
         worker = build_worker(cfg, ds, t, device)
     model, flat = worker.model, worker.new_partition(rank)  # the model is bound to this partition's weights
     spe = steps_per_epoch(len(labels), world, cfg.optim.batch_size)
-    total_steps, eval_at = training_length(cfg, np.asarray([len(p) for p in parts]), spe)
+    total_steps, eval_at = training_length(cfg, pre.sizes, spe)
     ctx = AlgoContext(rank=rank, world_size=world, seed=cfg.seed, steps_per_epoch=spe, total_steps=total_steps,
                       batch_size=cfg.optim.batch_size, label_counts=pre.label_counts, shared=worker.shared)
     algo = build_algorithm(cfg, flat=flat, comm=comm, ctx=ctx)
@@ -324,7 +328,7 @@ def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: 
     if is0:
         rundir.rank_dir(out, rank).mkdir(parents=True, exist_ok=True)
         write_run_header(cfg, pre, out, comm=comm, world=world, device=device, model=model, spe=spe,
-                         total_steps=total_steps, report=report)
+                         total_steps=total_steps, report=report, processes=processes)
         sink = _rank0_sinks(cfg, out, total_steps)
     stack.callback(sink.close)
     rundir.rank_dir(out, rank).mkdir(parents=True, exist_ok=True)

@@ -1,16 +1,23 @@
 """Shared fixtures.
 
 * No test may leave a child process behind (hivemind-style reaper).
+* ``GEODML_PROCESSES=1``: a ``python -m geodml`` the tests start runs in one process unless the test
+  sets ``--processes`` (tests/test_launcher.py runs the default).
 * The suite is split in two: unit tests run in this process; tests marked ``integration``
   start OS processes (torchrun, worker processes, the CLI, Prometheus). ``pytest -m "not
   integration"`` runs the unit tests alone in seconds. The split is enforced: an unmarked test
   that starts a process fails, naming the marker.
 """
 
+import os
 import subprocess
 
 import psutil
 import pytest
+
+# `python -m geodml` outside torchrun starts one process per core by default (geodml.engine.launcher);
+# the suite's runs take one process unless a test asks for more (results do not depend on it)
+os.environ.setdefault("GEODML_PROCESSES", "1")
 
 _RealPopen = subprocess.Popen
 

@@ -49,12 +49,25 @@ def ring_allreduce_sent_elements(numel: int, world_size: int, rank: int) -> list
     return reduce_scatter + all_gather
 
 
+def ring_allreduce_sent_total(numel: int, world_size: int, rank: int) -> int:
+    """``sum(ring_allreduce_sent_elements(numel, world_size, rank))`` in O(1): the reduce-scatter sends
+    every chunk but chunk r+1, the all-gather every chunk but chunk r+2 (indices mod K)."""
+    k = world_size
+    if k == 1:
+        return 0
+    base, extra = divmod(numel, k)
+
+    def size(c: int) -> int:
+        return base + (1 if c % k < extra else 0)
+    return 2 * numel - size(rank + 1) - size(rank + 2)
+
+
 def ring_allreduce_wan_bytes(numel: int, element_size: int, region_of_rank: Sequence[str]) -> int:
     """WAN bytes all K ranks together send in one ring all-reduce: what each rank sends to its
     ring successor (``ring_allreduce_sent_elements``), counted when the two are in different
     regions. With one region per rank this is 2(K-1) x numel x element_size."""
     k = len(region_of_rank)
-    return sum(sum(ring_allreduce_sent_elements(numel, k, r)) * element_size for r in range(k)
+    return sum(ring_allreduce_sent_total(numel, k, r) * element_size for r in range(k)
                if region_of_rank[r] != region_of_rank[(r + 1) % k])
 
 

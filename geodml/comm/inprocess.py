@@ -87,6 +87,8 @@ class InProcessGroup:
         self._arrived = 0
         self._result: Any = None
         self._scratch: dict[tuple, torch.Tensor] = {}  # combined tensors, reused per (shape, dtype, device)
+        self._decoded: list[Any] = []     # cooperative meta_all_gather_object: the last one's objects, decoded once
+        self._decoded_generation = -1
         self._clocks: list[float | None] = [None] * n  # cooperative timed collectives: each rank's clock at arrival
         self._clock_result: tuple[float, float] = (0.0, 0.0)  # (the clocks' MAX, the wall time all had arrived)
         self._next = 0                   # cooperative sums: the next hosted rank to add, in rank order
@@ -470,7 +472,14 @@ class InProcessComm(ChargedComm):
             return [obj]
         g = self._group
         blobs = g._exchange(self.rank, "meta_all_gather_object", pickle.dumps(obj), g._objects)
-        return [pickle.loads(b) for b in blobs]
+        if g.hub is None or not g.hub.active:
+            return [pickle.loads(b) for b in blobs]
+        # cooperative ranks: decoded once for the hosted ranks (P of them would each decode P objects),
+        # so they share the objects: callers read them (a run's bookkeeping), never change them
+        if g._decoded_generation != g._generation:
+            g._decoded = [pickle.loads(b) for b in blobs]
+            g._decoded_generation = g._generation
+        return list(g._decoded)
 
     def close(self) -> None:
         """Stop the pacer thread (``--wan real``) after releasing what it holds (bounded); idempotent."""

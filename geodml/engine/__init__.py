@@ -18,8 +18,11 @@ directory). geodml.run is the composition root that calls it after the preflight
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
 import time
 from contextlib import ExitStack
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -33,7 +36,6 @@ from geodml.parts import DeviceData, Preflight, Startup, build_worker, start_pro
 from geodml.runtime import Env
 
 if TYPE_CHECKING:
-    from pathlib import Path
 
     from geodml.comm.api import RunComm
     from geodml.metrics.prometheus import RankExporter
@@ -63,7 +65,7 @@ def _one_partition(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, devic
     """One partition in this process: one task, whose Comm is a DistComm (built by geodml.parts)."""
     hub = Hub()
     task = hub.spawn(lambda: train_partition(cfg, env, pre, out=out, device=device, startup=startup,
-                                             wall_t0=wall_t0), name=f"partition {env.rank}")
+                                             wall_t0=wall_t0, processes=env.world_size), name=f"partition {env.rank}")
     hub.run()
     if task.error is not None:
         raise task.error
@@ -109,13 +111,14 @@ def _hosted(cfg: RunConfig, env: Env, pre: Preflight, *, block: range, out: Path
         if device.type == "cuda":
             torch.cuda.set_device(device)
         worker = build_worker(cfg, pre.dataset, tensors, device)  # one model for the partitions, bound in turn
+        model_files = ModelFiles()
 
         def partition(p: int) -> None:
             penv = Env(rank=p, world_size=P, local_rank=p - block.start, local_world_size=len(block),
                        under_torchrun=False)
             summaries[p] = train_partition(cfg, penv, pre, out=out, device=device, startup=Startup(), wall_t0=wall_t0,
                                            comm=group.comm(p), eval_cache=eval_cache, host_exporter=exporter,
-                                           tensors=tensors, worker=worker)
+                                           tensors=tensors, worker=worker, model_files=model_files, processes=R)
 
         for p in block:
             hub.spawn(lambda p=p: partition(p), name=f"partition {p}", enter=lambda p=p: worker.enter(p))
@@ -135,24 +138,51 @@ def _hosted(cfg: RunConfig, env: Env, pre: Preflight, *, block: range, out: Path
 def train_partition(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: torch.device, startup: Startup,
                     wall_t0: float, comm: RunComm | None = None, eval_cache: EvalCache | None = None,
                     host_exporter: RankExporter | None = None, tensors: DeviceData | None = None,
-                    worker: Worker | None = None) -> dict | None:
+                    worker: Worker | None = None, model_files: ModelFiles | None = None,
+                    processes: int = 1) -> dict | None:
     """Build one partition's parts, train, finish (closes what it opened); the summary on rank 0."""
     from geodml.parts import build_parts
     with ExitStack() as stack:
         try:
             parts = build_parts(cfg, env, pre, out=out, device=device, stack=stack, startup=startup, comm=comm,
-                                eval_cache=eval_cache, host_exporter=host_exporter, tensors=tensors, worker=worker)
+                                eval_cache=eval_cache, host_exporter=host_exporter, tensors=tensors, worker=worker,
+                                processes=processes)
         except ValueError as exc:  # set-up reads only inputs: a ValueError here is a bad input, not a bug
             raise InputError(str(exc)) from None
         startup.lap("model_s")
         startup.done()
         result = parts.trainer.run()
         parts.sink.close()
-        return finish_partition(cfg, env, parts, result, wall_t0=wall_t0, startup=startup)
+        return finish_partition(cfg, env, parts, result, wall_t0=wall_t0, startup=startup, model_files=model_files)
+
+
+class ModelFiles:
+    """The partitions' rank<k>/model.pt files of one process: a model already saved by another hosted
+    partition (FedAvg's participants after an average, partitions holding the same stale global
+    model, DGC's one model) is a hard link to that file instead of another copy (a copy where the
+    file system has no hard links)."""
+
+    def __init__(self) -> None:
+        self._saved: dict[bytes, Path] = {}
+
+    def save(self, model: torch.nn.Module, path: Path) -> None:
+        from geodml import rundir
+        from geodml.trainer import EvalCache
+        key = EvalCache.key(model)
+        first = self._saved.get(key)
+        if first is None:
+            rundir.save_torch(path, {k: v.detach().cpu() for k, v in model.state_dict().items()})
+            self._saved[key] = path
+            return
+        path.unlink(missing_ok=True)
+        try:
+            os.link(first, path)
+        except OSError:
+            shutil.copyfile(first, path)
 
 
 def finish_partition(cfg: RunConfig, env: Env, parts: Parts, result: dict, *, wall_t0: float,
-                     startup: Startup) -> dict | None:
+                     startup: Startup, model_files: ModelFiles | None = None) -> dict | None:
     """Totals (uncharged bookkeeping) and the run directory; the summary on rank 0."""
     from geodml import rundir
     from geodml.comm.collectives import ring_allreduce_wan_bytes
@@ -160,13 +190,14 @@ def finish_partition(cfg: RunConfig, env: Env, parts: Parts, result: dict, *, wa
 
     comm, out, trainer = parts.comm, parts.out, parts.trainer
     global_sd = trainer.global_state_dict()
-    rows = [r for rank_rows in comm.meta_all_gather_object(comm.ledger.rows()) for r in rank_rows]
+    ledgers = comm.meta_all_gather_object(comm.ledger.rows())
     emulated_s = max(comm.meta_all_gather_object(float(comm.emulated_s)))
     own = rundir.rank_dir(out, env.rank)
-    rundir.save_torch(own / rundir.MODEL, {k: v.detach().cpu() for k, v in parts.model.state_dict().items()})
+    (model_files or ModelFiles()).save(parts.model, own / rundir.MODEL)
     rundir.write_json(own / rundir.STARTUP, startup.report(rank=env.rank, local_rank=env.local_rank))
     if env.rank != 0:
         return None
+    rows = [r for rank_rows in ledgers for r in rank_rows]
     flat = parts.flat
     bsp_bytes = trainer.state.step * ring_allreduce_wan_bytes(flat.numel, flat.data.element_size(),
                                                               comm.region_of_rank)

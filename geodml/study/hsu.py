@@ -487,7 +487,7 @@ class Outcome:
 
 
 def outcomes(runs: Sequence[Run], results: Sequence[RunResult], *, curves: bool = False) -> list[Outcome]:
-    from geodml.report import ReportError, load_run
+    from geodml.runs import ReportError, load_run
     by_id = {r.spec.run_id: r for r in results}
     out = []
     for run in runs:

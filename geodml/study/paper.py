@@ -66,6 +66,7 @@ import csv
 import json
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -466,7 +467,7 @@ def _num(v, spec: str, none: str = "-") -> str:
 
 
 def _bytes(n) -> str:
-    from geodml.report import human_bytes
+    from geodml.runs import human_bytes
     return "-" if n is None else human_bytes(n)
 
 
@@ -675,7 +676,7 @@ def write_plots(report: dict, out: Path) -> list[Path]:
     except ImportError:
         print("warning: matplotlib is not installed; no PNGs (pip install 'geodml[plot]')", file=sys.stderr)
         return []
-    from geodml.report import ReportError, load_run, plot_accuracy
+    from geodml.runs import ReportError, load_run, plot_accuracy
     bars, curves, knobs = out / "accuracy.png", out / "accuracy_vs_wan_bytes.png", out / "knobs.png"
     plot_bars(report, bars, plt)
     extra = [knobs] if report["study"] == "hparams" and plot_knobs(report, knobs, plt) else []
@@ -729,7 +730,7 @@ def _algo_list(text: str) -> tuple[str, ...]:
     return algos
 
 
-def build_parser(name: str) -> argparse.ArgumentParser:
+def build_parser(name: str, extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=f"python -m geodml.study {name}", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description=f"{PAPER_REF[name]} from real runs (see geodml/study/paper.py and docs/study.md).",
@@ -766,15 +767,15 @@ def build_parser(name: str) -> argparse.ArgumentParser:
     common.add_checkpoint_every(p)
     common.add_dry_run(p)
     common.add_only(p)
-    if name == "skewscout":
-        from geodml.study.skewscout import add_arguments
-        add_arguments(p)
+    if extra is not None:  # a study's own flags (geodml.study.skewscout.add_arguments)
+        extra(p)
     return p
 
 
-def parse_args(name: str, argv: list[str]) -> argparse.Namespace:
+def parse_args(name: str, argv: list[str],
+               flags: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
     head, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    parser = build_parser(name)
+    parser = build_parser(name, flags)
     args = parser.parse_args(head)
     args.name, args.geodml_args = name, tuple(extra)
     if args.nproc < 2:

@@ -141,7 +141,7 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, paper.Budget]:
-    args = paper.parse_args("skewscout", argv)
+    args = paper.parse_args("skewscout", argv, add_arguments)
     quick = args.budget == "quick"
     args.levels = args.levels or (LEVELS_QUICK if quick else LEVELS_FULL)
     if args.travel_every is None and args.travel_decisions is None:

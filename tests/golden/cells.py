@@ -36,7 +36,7 @@ MEASURED_METRICS = ("wall_s", "emulated_s")
 """metrics.jsonl fields that depend on the clock."""
 MEASURED_CONFIG = ("engine", "host")
 """config.json fields that name the machine or the engine, not the run."""
-REMOVED_OPTIONS = ("engine", "vmap", "partition_scores")
+REMOVED_OPTIONS = ("engine", "vmap", "partition_scores", "processes")
 """Options of the run configuration that the one-engine change removed (``--engine``, ``--vmap``): not
 compared (they changed nothing in a run's results; the runs of the matrix left them at their defaults);
 and ``--partition-scores``, added by it (tests/test_golden.py says what its default changes)."""

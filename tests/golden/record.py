@@ -64,7 +64,7 @@ def extract(out: Path) -> dict:
     for k in MEASURED_SUMMARY:
         summary.pop(k, None)
     config = json.loads((out / "config.json").read_text())
-    for k in MEASURED_CONFIG:
+    for k in (*MEASURED_CONFIG, "processes"):  # (how many processes ran it: results do not depend on it)
         config.pop(k, None)
     config.get("config", {}).pop("out", None)
     metrics = [_scrub(json.loads(line)) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -99,7 +99,7 @@ def drop_unscored(got: dict, want: dict) -> None:
 def command(cell: Cell, processes: int, out: Path) -> list[str]:
     argv = [*cell.full_argv, "--out", str(out)]
     if processes == 1 and cell.resume_at is None:
-        return [sys.executable, "-m", "geodml", *argv]
+        return [sys.executable, "-m", "geodml", *argv, "--processes", "1"]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
             *(["--max-restarts", "1"] if cell.resume_at is not None else []), "-m", "geodml", *argv]
 
