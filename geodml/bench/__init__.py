@@ -26,6 +26,7 @@ BENCHMARKS: dict[str, str] = {
     "scale": "geodml.bench.scale:main",
     "breakdown": "geodml.bench.breakdown:main",
     "federation": "geodml.bench.federation:main",
+    "flower": "geodml.bench.flower:main",
     "layout": "geodml.bench.layout:main",
     "layers": "geodml.bench.layers:main",
 }
@@ -41,6 +42,7 @@ DESCRIPTIONS: dict[str, str] = {
     "scale": "wall time per epoch at fixed total data, K=2,5,10,16, vs K=2",
     "breakdown": "where a step's time goes (compute, algorithm, send, recv wait, log) per algorithm",
     "federation": "P = 16 .. 10,000 partitions on R = 1, 2 processes: partition-steps/s vs a plain loop, memory vs state",
+    "flower": "the default command vs Flower's simulation doing the same FedAvg (same final weights), K = 5 .. 1,000",
     "layout": "--channels-last vs NCHW: wall per step of whole runs (the studies' CPU workloads), same WAN bytes",
     "layers": "compiled max-pool and LRN vs torch's: per model (train step, evaluation) and whole runs, same results",
 }

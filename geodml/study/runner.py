@@ -5,7 +5,8 @@ A study (the Oracle baseline of §7.3, later the whole-paper study runner) is a 
 ``jobs`` at a time, and returns one ``RunResult`` per spec, in spec order:
 
 * **Reuse.** A run directory that already holds ``summary.json`` is not run again (the study
-  is resumable). The runner writes ``launch.json`` (the flags and process count) into every
+  is resumable), nor is a run whose committed record (geodml.study.records, docs/study/records)
+  has the same flags: the record fills its directory. The runner writes ``launch.json`` (the flags and process count) into every
   directory it launches; ``check_reusable`` refuses a directory whose ``launch.json`` names
   different flags, so a changed study never silently reuses a stale run. A directory without
   ``summary.json`` that the runner created (it has ``launch.json``) is an interrupted run: it
@@ -63,6 +64,7 @@ from typing import IO, Callable
 import psutil
 
 from geodml import rundir
+from geodml.study.records import RECORDS, restore
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LAUNCH_FILE = "launch.json"
@@ -520,7 +522,7 @@ def eta_text(durations: list[float], running_s: list[float], pending: int, jobs:
 def run_all(specs: list[RunSpec], *, jobs: int = 1, timeout_s: float = 1800.0, launcher: Launcher = torchrun_launcher,
             log: Callable[[str], None] = print, poll_s: float = 0.2, grace_s: float = 10.0,
             processes: int | None = None, on_result: Callable[[RunResult], None] | None = None,
-            checkpoint_every: int | None = None) -> list[RunResult]:
+            checkpoint_every: int | None = None, records_root: Path | None = RECORDS) -> list[RunResult]:
     """Run every spec (reusing finished ones, resuming interrupted ones that have checkpoints), ``jobs`` at a
     time; results in spec order.
     ``processes``: run each on at most this many processes (``--processes``; RunSpec.processes).
@@ -528,6 +530,8 @@ def run_all(specs: list[RunSpec], *, jobs: int = 1, timeout_s: float = 1800.0, l
     auto_checkpoint_every per run.
     ``on_result``: called with each run's result as it ends in this invocation (not for reused runs),
     e.g. to prune files a study does not need while the others still run.
+    ``records_root``: committed run records (geodml.study.records): a run whose record has the same
+    flags is filled from it and reused; None: none are used.
 
     Ctrl-C (or any exception) kills every running child's process tree and re-raises.
     """
@@ -547,10 +551,14 @@ def run_all(specs: list[RunSpec], *, jobs: int = 1, timeout_s: float = 1800.0, l
     pending: list[int] = []
     for i, spec in enumerate(specs):
         summary = read_summary(spec.out)
+        recorded = summary is None and records_root is not None and restore(spec.out, launch_record(spec), records_root)
+        if recorded:
+            summary = read_summary(spec.out)
         if summary is not None:
             drop_checkpoints(spec.out)
             results[i] = RunResult(spec, "reused", summary=summary, returncode=0)
-            log(f"[{i + 1}/{n}] reused {spec.run_id} ({spec.out / SUMMARY_FILE} exists): {describe(results[i])}")
+            where = "its committed record, docs/study/records" if recorded else f"{spec.out / SUMMARY_FILE} exists"
+            log(f"[{i + 1}/{n}] reused {spec.run_id} ({where}): {describe(results[i])}")
         else:
             pending.append(i)
     live: list[_Live] = []
