@@ -1,7 +1,7 @@
 """Command line: flags (and an optional TOML file of defaults) -> RunConfig -> run.
 
 Thin on purpose (DESIGN.md style rule 10): parse, validate everything that can be validated
-before a process group exists, then hand over to geodml.run. Bad input prints one message
+before a process group exists, then hand over to geodml.compose. Bad input prints one message
 (on rank 0 only, so torchrun's K processes don't repeat it) and exits with code 2 on every
 rank. Every flag, its type, choices, default and help come from the config dataclasses
 (geodml.config.OPTIONS); this module only lays them out and maps the values back.
@@ -19,7 +19,7 @@ import tomllib
 from typing import Any, Callable, NoReturn
 
 from geodml import __version__
-from geodml.config import OPTIONS, SECTIONS, Option, RunConfig, parse_floats
+from geodml.config import OPTIONS, SECTIONS, Option, RunConfig, parse_floats, plugin_config_class, plugin_options
 
 
 class UsageError(ValueError):
@@ -40,7 +40,7 @@ def _float_list(text: str) -> tuple[float, ...]:
 
 OPTION_OF: dict[str, Option] = {o.dest: o for o in OPTIONS}
 """argparse destination (= TOML key with underscores) -> its option."""
-HELP_ORDER = ("algo", "skewscout", "data", "model", "optim", "comm", None, "reliability")
+HELP_ORDER = ("algo", "plugin", "skewscout", "data", "model", "optim", "comm", None, "reliability")
 """The order of --help's sections (RunConfig attributes; None: RunConfig's own fields)."""
 
 
@@ -73,7 +73,8 @@ def _add_kwargs(o: Option) -> dict[str, Any]:
     return kw
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(extra: tuple[Option, ...] = ()) -> argparse.ArgumentParser:
+    """The parser of every option, and ``extra`` ones (a plugin algorithm's, :func:`plugin_of`)."""
     p = _Parser(prog="geodml", description="Emulate decentralized, geo-distributed training over non-IID data. "
                 "Run one process per data partition: torchrun --nproc_per_node=K -m geodml [flags].",
                 argument_default=argparse.SUPPRESS)
@@ -81,14 +82,51 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", metavar="FILE.toml",
                    help="TOML file of flag defaults (keys are flag names); flags override it")
     groups: dict[str, Any] = {}
-    for o in sorted(OPTIONS, key=lambda o: HELP_ORDER.index(o.section)):
+    for o in sorted((*OPTIONS, *extra), key=lambda o: HELP_ORDER.index(o.section)):
         if o.group not in groups:
             groups[o.group] = p.add_argument_group(o.group)
         groups[o.group].add_argument(o.flag, dest=o.dest, help=_help(o), **_add_kwargs(o))
     return p
 
 
-def _load_toml(path: str) -> dict[str, Any]:
+def plugin_of(algo: str) -> tuple[Option, ...]:
+    """The options of ``--algo algo`` beyond geodml's own: a plugin algorithm's ``Config`` fields
+    (geodml.config.plugin_options); none for geodml's algorithms. ValueError for a plugin that cannot load."""
+    cls = plugin_config_class(algo)
+    return () if cls is None else plugin_options(algo, cls)
+
+
+def _algo_of(argv: list[str], toml_path: str | None) -> str:
+    """The ``--algo`` a command line asks for before it is parsed (its options depend on it): the
+    last ``--algo X`` / ``--algo=X``, else the TOML file's ``algo``, else the default."""
+    algo = None
+    for i, tok in enumerate(argv):
+        if tok == "--":
+            break
+        if tok == "--algo" and i + 1 < len(argv):
+            algo = argv[i + 1]
+        elif tok.startswith("--algo="):
+            algo = tok.partition("=")[2]
+    if algo is None and toml_path is not None:
+        try:
+            with open(toml_path, "rb") as f:
+                raw = tomllib.load(f).get("algo")
+            algo = raw if isinstance(raw, str) else None
+        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+            algo = None  # _load_toml reports the file's problem
+    return algo if algo is not None else OPTION_OF["algo"].default
+
+
+def _config_path(argv: list[str]) -> str | None:
+    for i, tok in enumerate(argv):
+        if tok == "--config" and i + 1 < len(argv):
+            return argv[i + 1]
+        if tok.startswith("--config="):
+            return tok.partition("=")[2]
+    return None
+
+
+def _load_toml(path: str, option_of: dict[str, Option] = OPTION_OF) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
             raw = tomllib.load(f)
@@ -100,22 +138,38 @@ def _load_toml(path: str) -> dict[str, Any]:
         raise UsageError(f"--config: cannot read {path}: {exc.strerror or exc}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise UsageError(f"--config: {path} is not valid TOML: {exc}") from None
+    return values_of(raw, option_of, unknown=f"--config: {path}: unknown key {{key!r}} "
+                     "(keys are flag names such as lr, algo, lr-milestones)", wrong=f"--config {path}: {{exc}}")
+
+
+def values_of(raw: dict[str, Any], option_of: dict[str, Option], *, unknown: str, wrong: str) -> dict[str, Any]:
+    """``{flag name: value}`` (a TOML file's, or a dict given to geodml.run) -> ``{dest: value}`` as the
+    fields take them; UsageError from the templates ``unknown`` ({key}) and ``wrong`` ({exc})."""
     out = {}
     for key, value in raw.items():
-        o = OPTION_OF.get(key.replace("-", "_"))
+        o = option_of.get(str(key).removeprefix("--").replace("-", "_"))
         if o is None:
-            raise UsageError(f"--config: {path}: unknown key {key!r} "
-                             "(keys are flag names such as lr, algo, lr-milestones)")
+            raise UsageError(unknown.format(key=key))
         try:
-            out[o.dest] = o.from_toml(key, value)
+            out[o.dest] = o.from_toml(key, list(value) if isinstance(value, tuple) else value)
         except ValueError as exc:
-            raise UsageError(f"--config {path}: {exc}") from None
+            raise UsageError(wrong.format(exc=exc)) from None
     return out
 
 
-def ignored_settings(values: dict, algo: str) -> list[str]:
-    """Flags given that have no effect with ``algo`` (to warn about, not to fail; DESIGN.md style rule 4)."""
-    return [o.flag for o in (OPTION_OF.get(d) for d in values) if o is not None and o.algos and algo not in o.algos]
+def ignored_settings(values: dict, algo: str, option_of: dict[str, Option] = OPTION_OF) -> list[str]:
+    """Flags given that have no effect with ``algo`` (to warn about, not to fail; DESIGN.md style rule 4).
+    A plugin algorithm takes the options of the geodml algorithm it extends (geodml.config.plugin_family)."""
+    from geodml.config import FEDAVG_BASE_FIELDS, plugin_family
+    family = plugin_family(algo) if isinstance(algo, str) else None
+
+    def used(o: Option) -> bool:
+        if not o.algos or algo in o.algos:
+            return True
+        if family is None or family == algo or family not in o.algos:
+            return False
+        return family != "fedavg" or o.name in FEDAVG_BASE_FIELDS   # a plugin gets plain FedAvg's, not the variants'
+    return [o.flag for o in (option_of.get(d) for d in values) if o is not None and not used(o)]
 
 
 def ignored_norm_settings(values: dict, norm: str) -> list[str]:
@@ -125,11 +179,21 @@ def ignored_norm_settings(values: dict, norm: str) -> list[str]:
 
 def parse_config(argv: list[str] | None = None, *, warn: Callable[[str], object] | None = None) -> RunConfig:
     """Flags (over TOML defaults) -> validated RunConfig. Raises ValueError on bad input."""
-    ns = vars(build_parser().parse_args(argv))
-    values = _load_toml(ns.pop("config")) if "config" in ns else {}
+    args = list(sys.argv[1:] if argv is None else argv)
+    extra = plugin_of(_algo_of(args, _config_path(args)))
+    option_of = {**OPTION_OF, **{o.dest: o for o in extra}}
+    ns = vars(build_parser(extra).parse_args(args))
+    values = _load_toml(ns.pop("config"), option_of) if "config" in ns else {}
     values.update(ns)
+    return config_of(values, option_of, warn=warn)
+
+
+def config_of(values: dict[str, Any], option_of: dict[str, Option], *,
+              warn: Callable[[str], object] | None = None) -> RunConfig:
+    """``{dest: value}`` (parsed flags over TOML values) -> validated RunConfig, warning through ``warn``
+    about settings that do nothing. Raises ValueError on bad input."""
     algo = values.get("algo", OPTION_OF["algo"].default)
-    ignored = ignored_settings(values, algo)
+    ignored = ignored_settings(values, algo, option_of)
     if ignored and warn is not None:
         warn(f"geodml: warning: {', '.join(ignored)} has no effect with --algo {algo}")
     norm = values.get("norm", OPTION_OF["norm"].default)
@@ -139,11 +203,25 @@ def parse_config(argv: list[str] | None = None, *, warn: Callable[[str], object]
     if values.get("rounds") is not None and "epochs" in values and warn is not None:
         warn("geodml: warning: --epochs has no effect with --rounds (the rounds set the training length)")
     kwargs: dict[str | None, dict[str, Any]] = {}
+    plugin_class = None
     for dest, value in values.items():
-        o = OPTION_OF[dest]
+        o = option_of[dest]
         kwargs.setdefault(o.section, {})[o.name] = value
+        plugin_class = o.plugin_class or plugin_class
     sections = {name: cls(**kwargs.get(name, {})) for name, cls in SECTIONS.items()}
-    return RunConfig(**sections, **kwargs.get(None, {}))
+    plugin = plugin_class(**kwargs["plugin"]) if plugin_class is not None else None
+    return RunConfig(**sections, **kwargs.get(None, {}), plugin=plugin)
+
+
+def config_of_mapping(raw: dict[str, Any], *, warn: Callable[[str], object] | None = None) -> RunConfig:
+    """A dict of flag names to values (``{"algo": "gaia", "lr-milestones": (8, 12)}``, as a TOML file
+    holds them; geodml.run) -> validated RunConfig. Raises ValueError (UsageError) on bad input."""
+    algo = raw.get("algo", OPTION_OF["algo"].default)
+    extra = plugin_of(algo) if isinstance(algo, str) else ()
+    option_of = {**OPTION_OF, **{o.dest: o for o in extra}}
+    values = values_of(raw, option_of, unknown="unknown setting {key!r} (keys are flag names such as lr, algo, "
+                       "lr-milestones)", wrong="{exc}")
+    return config_of(values, option_of, warn=warn)
 
 
 def _error(message: str) -> None:
@@ -190,8 +268,8 @@ def main(argv: list[str] | None = None, *, spawn: bool = False) -> int:
     missing at start-up or lost later (geodml.peerwatch.PEER_LOST_EXIT). ``spawn`` (``python -m
     geodml``): outside torchrun, a run of several partitions starts ``--processes`` local ranks
     (geodml.engine.launcher) after its input passed the preflight, and returns their exit code."""
+    from geodml.compose import InputError, preflight, run
     from geodml.peerwatch import PEER_LOST_EXIT
-    from geodml.run import InputError, preflight, run
     from geodml.rundir import RunFinished
     from geodml.runtime import Env, StartupError
     try:

@@ -22,6 +22,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from geodml import plugins
+
 DATASETS = ("digits", "fashion-mnist", "mnist", "cifar10")
 PARTITIONS = ("iid", "label", "dirichlet", "lda", "shards", "longtail", "entropy")
 MODELS = ("cnn", "lenet", "resnet20", "logreg", "mlp", "cifar-cnn")
@@ -55,9 +57,14 @@ PARTITION_SCORES = ("auto", "all")
 SEARCHES = ("hill", "stochastic", "annealing")
 
 
-def _check(cond: bool, msg: str) -> None:
+def require(cond: bool, msg: str) -> None:
+    """Raise ``ValueError(msg)`` unless ``cond``: how every config check (plugins' too) refuses a value;
+    ``msg`` names the flag, as the CLI prints it after ``geodml: error:``."""
     if not cond:
         raise ValueError(msg)
+
+
+_check = require
 
 
 def _finite(x: float) -> bool:
@@ -92,14 +99,14 @@ class DataConfig:
 
     GROUP: ClassVar[str] = "data"
 
-    dataset: str = opt("digits", choices=DATASETS,
-                       help="dataset; digits is embedded, the others are read from --data-dir")
+    dataset: str = opt("digits", help="dataset: digits (embedded), fashion-mnist, mnist, cifar10 (read from "
+                       "--data-dir), or a plugin MODULE:FUNCTION (docs/plugins.md)")
     data_dir: str | None = opt(None, help="directory with the dataset files",
                                default_text="/usr/share/datasets/fashion-mnist for fashion-mnist")
-    partition: str = opt("iid", choices=PARTITIONS, help="partitioner: iid, label (Quagmire x% non-IID), "
+    partition: str = opt("iid", help="partitioner: iid, label (Quagmire x% non-IID), "
                          "dirichlet (Hsu et al.), lda (per-class Dirichlet over the partitions, unequal sizes; "
                          "IWDS's LDA), shards (McMahan et al.), longtail (IWDS's LLT), "
-                         "entropy (van Lier's topic-based distributions)")
+                         "entropy (van Lier's topic-based distributions), or a plugin MODULE:CLASS (docs/plugins.md)")
     skew: float = opt(1.0, help="--partition label: fraction of the data partitioned by label (1.0 = 100% non-IID)")
     alpha: float = opt(0.5, help="--partition dirichlet: concentration alpha of Dir(alpha * p); 0 = one class "
                        "per client (the alpha -> 0 limit); --partition lda: per-client concentration of each "
@@ -124,10 +131,20 @@ class DataConfig:
     def __post_init__(self) -> None:
         _check(isinstance(self.cache, str) and self.cache.strip() != "",
                f"--data-cache must be auto, off or a directory, got {self.cache!r}")
-        _check(self.dataset in DATASETS,
-               f"--dataset: unknown dataset {self.dataset!r}; choose one of {', '.join(DATASETS)}")
-        _check(self.partition in PARTITIONS,
-               f"--partition: unknown partitioner {self.partition!r}; choose one of {', '.join(PARTITIONS)}")
+        _check(self.dataset in DATASETS or plugins.is_plugin_name("dataset", self.dataset),
+               f"--dataset: unknown dataset {self.dataset!r}; choose one of {', '.join(DATASETS)}, "
+               "or a plugin MODULE:FUNCTION")
+        if self.dataset not in DATASETS:
+            _check(callable(plugins.load("dataset", self.dataset)),
+                   f"--dataset {self.dataset}: not a function (it must return a geodml.data.Dataset or the arrays "
+                   "train_x, train_y, test_x, test_y; docs/plugins.md)")
+        _check(self.partition in PARTITIONS or plugins.is_plugin_name("partition", self.partition),
+               f"--partition: unknown partitioner {self.partition!r}; choose one of {', '.join(PARTITIONS)}, "
+               "or a plugin MODULE:CLASS")
+        if self.partition not in PARTITIONS:
+            _check(callable(getattr(plugins.load("partition", self.partition), "split", None)),
+                   f"--partition {self.partition}: has no split(labels, num_partitions, rng) method "
+                   "(geodml.data.partition.Partitioner; docs/plugins.md)")
         _check(_finite(self.skew) and 0.0 <= self.skew <= 1.0,
                f"--skew must be a fraction in [0, 1], got {self.skew!r}")
         _check(_finite(self.alpha) and self.alpha >= 0,
@@ -152,9 +169,10 @@ class ModelConfig:
 
     GROUP: ClassVar[str] = "model"
 
-    model: str = opt("cnn", choices=MODELS, help="network: cnn (McMahan et al. 2017's CNN; geodml's lenet before "
+    model: str = opt("cnn", help="network: cnn (McMahan et al. 2017's CNN; geodml's lenet before "
                      "issue 21), lenet (the Quagmire authors' Caffe LeNet), resnet20, logreg, mlp, cifar-cnn (McMahan et "
-                     "al.'s CIFAR-10 CNN, the TensorFlow tutorial's with its LRN, as Hsu et al. 2019 use it)")
+                     "al.'s CIFAR-10 CNN, the TensorFlow tutorial's with its LRN, as Hsu et al. 2019 use it), or a "
+                     "plugin MODULE:FUNCTION (docs/plugins.md)")
     norm: str = opt("none", choices=NORMS, help="normalization layers: none, batch (BN), group (GN), batchrenorm "
                     "(BRN, lenet only); resnet20 needs batch or group")
     gn_group_size: int | None = opt(None, norms=("group",), metavar="N", default_text="2 (the paper's text, "
@@ -175,9 +193,24 @@ class ModelConfig:
                            "decay_mult; lenet: biases lr 2, the classifier's weights decay 250; resnet20: weights "
                            "decay 2; geodml/models/lenet.py, resnet.py)")
 
+    @property
+    def is_plugin(self) -> bool:
+        """Whether ``--model`` names a user's function (geodml.plugins) rather than one of MODELS."""
+        return self.model not in MODELS
+
     def __post_init__(self) -> None:
-        _check(self.model in MODELS, f"--model: unknown model {self.model!r}; choose one of {', '.join(MODELS)}")
+        _check(self.model in MODELS or plugins.is_plugin_name("model", self.model),
+               f"--model: unknown model {self.model!r}; choose one of {', '.join(MODELS)}, or a plugin MODULE:FUNCTION")
         _check(self.norm in NORMS, f"--norm: unknown normalization {self.norm!r}; choose one of {', '.join(NORMS)}")
+        if self.is_plugin:
+            _check(callable(plugins.load("model", self.model)),
+                   f"--model {self.model}: not a function (it takes input_shape and num_classes and returns a "
+                   "torch.nn.Module; docs/plugins.md)")
+            _check(self.norm == "none", f"--norm {self.norm}: a plugin model (--model {self.model}) builds its own "
+                   "normalization layers; leave out --norm")
+            _check(self.param_mults == "none", f"--param-mults {self.param_mults} needs a network from the authors' "
+                   f"Caffe files (--model {' or --model '.join(PROTOTXT_MODELS)}), not the plugin --model {self.model}")
+            return
         allowed = MODEL_NORMS[self.model]
         _check(self.norm in allowed, f"--norm {self.norm} is not available for --model {self.model}; "
                                      f"use --norm {' or --norm '.join(allowed)}")
@@ -249,6 +282,9 @@ class OptimConfig:
 
 
 GAIA, DGC, FEDAVG = ("gaia",), ("dgc",), ("fedavg",)
+FEDAVG_BASE_FIELDS = ("iter_local", "reset_momentum", "client_fraction", "local_epochs", "rounds", "eval_every_rounds")
+"""The FedAvg options plain FedAvg itself takes (the rest select its variants): what a plugin that
+extends FedAvg receives (geodml.algorithms.federated.fedavg_arguments) and is not warned about."""
 
 
 @dataclass(kw_only=True)
@@ -262,8 +298,9 @@ class AlgoConfig:
 
     GROUP: ClassVar[str] = "algorithm"
 
-    algo: str = opt("bsp", choices=ALGOS, help="decentralized learning algorithm; local: no communication, "
-                    "each partition trains alone")
+    algo: str = opt("bsp", metavar="{" + ",".join(ALGOS) + "}|MODULE:CLASS",
+                    help="decentralized learning algorithm; local: no communication, each partition trains alone; "
+                    "MODULE:CLASS or a registered name: a plugin (docs/plugins.md)")
     # Gaia (Algorithm 1)
     t0: float = opt(0.1, algos=GAIA, help="initial significance threshold T0, 0.1 = 10%; T_t = T0 * lr_t / lr_0")
     # DeepGradientCompression (Algorithm 3)
@@ -314,7 +351,14 @@ class AlgoConfig:
                                  "after every N-th round (at the round's last step, whatever its length; 0: off)")
 
     def __post_init__(self) -> None:
-        _check(self.algo in ALGOS, f"--algo: unknown algorithm {self.algo!r}; choose one of {', '.join(ALGOS)}")
+        _check(self.algo in ALGOS or plugins.is_plugin_name("algo", self.algo),
+               f"--algo: unknown algorithm {self.algo!r}; choose one of {', '.join(ALGOS)}, or a plugin MODULE:CLASS "
+               "(docs/plugins.md)")
+        if self.algo not in ALGOS:
+            factory = plugins.load("algo", self.algo)
+            _check(callable(getattr(factory, "from_config", None)),
+                   f"--algo {self.algo}: has no from_config(cfg, *, flat, comm, ctx) (subclass geodml.Algorithm, whose "
+                   "from_config builds it from the run's config; docs/plugins.md)")
         _check(_finite(self.t0) and self.t0 >= 0, f"--t0 must be >= 0 (a fraction, 0.1 = 10%), got {self.t0!r}")
         _check(_finite(self.sparsity) and 0.0 <= self.sparsity < 1.0,
                f"--sparsity must be in [0, 1), got {self.sparsity!r}")
@@ -524,6 +568,9 @@ class RunConfig:
     comm: CommConfig = field(default_factory=CommConfig)
     skewscout: SkewScoutConfig = field(default_factory=SkewScoutConfig)
     reliability: ReliabilityConfig = field(default_factory=ReliabilityConfig)
+    plugin: Any = None
+    """A plugin algorithm's own options: an instance of its ``Config`` dataclass (docs/plugins.md), built
+    with its defaults when not given; None for geodml's algorithms and a plugin without ``Config``."""
     seed: int = opt(0, help="seed of every generator (partitioning, init, minibatch order)")
     eval_every: int = opt(100, help="validate the global model on the whole test set every this many steps "
                           "(and at the end)")
@@ -612,16 +659,17 @@ class RunConfig:
         _check(self.partitions is None or (isinstance(self.partitions, int) and not isinstance(self.partitions, bool)
                                            and self.partitions >= 1),
                f"--partitions must be an integer >= 1, got {self.partitions!r}")
-        _check(not self.skewscout.enabled or self.algo.algo in KNOB_ALGOS,
+        self._check_plugin()
+        _check(not self.skewscout.enabled or self.algo.algo in KNOB_ALGOS or self.plugin_knob() is not None,
                f"--skewscout tunes a communication knob; --algo {self.algo.algo} has none "
-               f"(use {', '.join(KNOB_ALGOS[:-1])} or {KNOB_ALGOS[-1]})")
+               f"(use {', '.join(KNOB_ALGOS[:-1])} or {KNOB_ALGOS[-1]}, or a plugin that declares KNOB)")
         # FedAvg's knob counts steps (Iter_Local) or examples (FedVC's N_VC): whole numbers >= 1
         _check(self.algo.algo != "fedavg" or all(v >= 1 and float(v).is_integer() for v in self.skewscout.skewscout_grid),
                f"--skewscout-grid: FedAvg's knob counts steps or examples, so its values are integers >= 1, "
                f"got {self.skewscout.skewscout_grid!r}")
         _check(not (self.skewscout.enabled and self.algo.algo == "fedavg" and self.algo.local_epochs > 0),
                "--skewscout tunes FedAvg's Iter_Local, which --local-epochs replaces; drop one of them")
-        _check(self.algo.rounds is None or self.algo.algo == "fedavg",
+        _check(self.algo.rounds is None or self.algo.algo == "fedavg" or plugin_family(self.algo.algo) == "fedavg",
                f"--rounds counts FedAvg's rounds; --algo {self.algo.algo} has none: give --steps or --epochs")
         _check(self.algo.rounds is None or self.optim.steps is None,
                "--rounds and --steps both set the training length; give one")
@@ -629,8 +677,52 @@ class RunConfig:
                "--rounds needs the rounds' lengths before the run and --skewscout changes Iter_Local during it; "
                "give --steps instead")
 
+    def _check_plugin(self) -> None:
+        """The ``plugin`` field against ``--algo``: the plugin's Config instance (its defaults when not
+        given) for a plugin algorithm that declares one, None otherwise."""
+        cls = plugin_config_class(self.algo.algo)
+        if cls is None:
+            _check(self.plugin is None, f"RunConfig.plugin holds {type(self.plugin).__name__} options, but --algo "
+                   f"{self.algo.algo} takes none")
+            return
+        if self.plugin is None:
+            self.plugin = cls()
+        _check(isinstance(self.plugin, cls), f"RunConfig.plugin must be a {cls.__qualname__} (the options of --algo "
+               f"{self.algo.algo}), got {type(self.plugin).__name__}")
+
+    def plugin_knob(self) -> Any:
+        """The KnobSpec a plugin algorithm declares (``KNOB``), or None (no plugin, or no knob)."""
+        if self.algo.algo in ALGOS:
+            return None
+        return getattr(plugins.load("algo", self.algo.algo), "KNOB", None)
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def plugin_config_class(algo: str) -> type | None:
+    """The options dataclass (``Config``) of the plugin algorithm ``algo``; None for geodml's own
+    algorithms and for a plugin without options. ValueError when ``Config`` is no keyword-only dataclass."""
+    if algo in ALGOS:
+        return None
+    cls = getattr(plugins.load("algo", algo), "Config", None)
+    if cls is None:
+        return None
+    _check(isinstance(cls, type) and dataclasses.is_dataclass(cls),
+           f"--algo {algo}: its Config must be a dataclass of opt(...) fields (docs/plugins.md), got {cls!r}")
+    return cls
+
+
+def plugin_family(algo: str) -> str | None:
+    """The geodml algorithm a plugin class extends ("fedavg", "bsp", "gaia", "dgc", "local": the ``name``
+    of the nearest of geodml's algorithm classes among its bases), or None."""
+    if algo in ALGOS:
+        return algo
+    for base in getattr(plugins.load("algo", algo), "__mro__", ()):
+        name = base.__dict__.get("name")
+        if base.__module__.startswith("geodml.algorithms.") and name in ALGOS:
+            return str(name)
+    return None
 
 
 # ---- the options, as the command line and TOML files see them ---------------------------------
@@ -705,9 +797,13 @@ class Option:
     """The normalizations (--norm) the option means something to; empty: all of them."""
     metavar: str | None
     default_text: str | None
+    plugin_class: type | None = None
+    """A plugin algorithm's options dataclass (``section`` is then ``"plugin"``)."""
 
     @property
     def owner(self) -> type:
+        if self.plugin_class is not None:
+            return self.plugin_class
         return SECTIONS[self.section] if self.section else RunConfig
 
     def from_toml(self, key: str, value: Any) -> Any:
@@ -754,25 +850,54 @@ def _kind_of(hint: Any) -> type:
     return kind
 
 
+def _fields_as_options(section: str | None, cls: type, *, group: str, algos: tuple[str, ...] = (),
+                       plugin_class: type | None = None) -> list[Option]:
+    """The ``opt(...)`` fields of the dataclass ``cls`` as options (fields without metadata are skipped)."""
+    out = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if not f.metadata:  # RunConfig's sections and its plugin field
+            continue
+        m = f.metadata
+        kind = _kind_of(hints[f.name])
+        flag = m["flag"] or "--" + f.name.replace("_", "-")
+        off_switch = kind is bool and f.default is True
+        if off_switch and not flag.startswith("--no-"):
+            raise ValueError(f"{flag}: a switch that turns {f.name} off is spelled --no-... (give flag=)")
+        dest = (flag.removeprefix("--no-") if off_switch else flag.removeprefix("--")).replace("-", "_")
+        default = f.default if f.default is not dataclasses.MISSING else None
+        out.append(Option(section=section, name=f.name, flag=flag, dest=dest, kind=kind, default=default,
+                          help=m["help"], group=m["group"] or group, choices=m["choices"],
+                          algos=m["algos"] or algos, norms=m["norms"], metavar=m["metavar"],
+                          default_text=m["default_text"], plugin_class=plugin_class))
+    return out
+
+
 def _options() -> tuple[Option, ...]:
     out = []
     for section, cls in [*SECTIONS.items(), (None, RunConfig)]:
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            if not f.metadata:  # RunConfig's sections
-                continue
-            m = f.metadata
-            kind = _kind_of(hints[f.name])
-            flag = m["flag"] or "--" + f.name.replace("_", "-")
-            off_switch = kind is bool and f.default is True
-            assert not off_switch or flag.startswith("--no-"), f"{flag}: a switch that turns {f.name} off is --no-..."
-            dest = (flag.removeprefix("--no-") if off_switch else flag.removeprefix("--")).replace("-", "_")
-            out.append(Option(section=section, name=f.name, flag=flag, dest=dest, kind=kind, default=f.default,
-                              help=m["help"], group=m["group"] or getattr(cls, "GROUP"), choices=m["choices"],
-                              algos=m["algos"], norms=m["norms"], metavar=m["metavar"],
-                              default_text=m["default_text"]))
+        out += _fields_as_options(section, cls, group=getattr(cls, "GROUP"))
     return tuple(out)
 
 
 OPTIONS: tuple[Option, ...] = _options()
 """Every option, section by section in RunConfig's order, then RunConfig's own fields."""
+
+
+def plugin_options(algo: str, cls: type) -> tuple[Option, ...]:
+    """The options of the plugin algorithm ``algo`` from its ``Config`` dataclass ``cls`` (section
+    ``"plugin"``, help group "algorithm ALGO"): the same ``opt(...)`` metadata as geodml's own. ValueError
+    for a field without ``opt`` metadata or a flag or TOML key that one of geodml's options already has."""
+    fields = dataclasses.fields(cls)
+    bare = [f.name for f in fields if not f.metadata]
+    _check(not bare, f"--algo {algo}: {cls.__qualname__} field(s) {', '.join(bare)} need opt(...) metadata "
+           "(help text and flag; geodml.algorithm.opt)")
+    try:
+        options = _fields_as_options("plugin", cls, group=f"algorithm {algo}", algos=(algo,), plugin_class=cls)
+    except (AssertionError, ValueError) as exc:
+        raise ValueError(f"--algo {algo}: {cls.__qualname__}: {exc}") from None
+    taken = {o.flag for o in OPTIONS} | {o.dest for o in OPTIONS} | {"--config", "--version", "--help", "config"}
+    clash = [o.flag for o in options if o.flag in taken or o.dest in taken]
+    _check(not clash, f"--algo {algo}: option(s) {', '.join(clash)} of {cls.__qualname__} are geodml's own; "
+           "rename them (e.g. with a prefix such as --topk-...)")
+    return tuple(options)

@@ -2,7 +2,7 @@
 sinks and exporter, the data and its partitions, the model, the algorithm, SkewScout, the
 checkpointer and the trainer, wired together and registered for teardown.
 
-``geodml.run`` is the composition root that calls :func:`build_parts` once per run; this module
+``geodml.compose`` is the composition root that calls :func:`build_parts` once per run; this module
 holds the wiring so that ``run()`` stays a short list of phases. Every part that must be closed
 is pushed onto the caller's ``ExitStack`` as soon as it exists, so a failure half-way through
 the build closes exactly what was opened, in reverse order.
@@ -280,7 +280,7 @@ def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: 
                 worker: Worker | None = None, processes: int = 1) -> Parts:
     """Build every part of this rank's run (collective: every rank calls it in the same order).
     ``env`` is the partition's view (rank = partition, world size = partitions); ``comm``, when
-    given, is the partition's in-process Comm (geodml.run hosts several partitions in one process);
+    given, is the partition's in-process Comm (geodml.compose hosts several partitions in one process);
     ``tensors``: the dataset already on ``device``, shared by the partitions a process hosts;
     ``worker``: the process's model and shared buffers (geodml.engine.worker; None: one of its own)."""
     from geodml.algorithms import AlgoContext, build_algorithm

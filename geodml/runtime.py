@@ -203,7 +203,9 @@ def collective_device(backend: str) -> torch.device:
 
 
 def default_out_dir(algo: str) -> str:
-    return str(Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{algo}")
+    """``runs/<timestamp>-<algo>``; a plugin's ``MODULE:CLASS`` is named by its class."""
+    name = algo.rpartition(":")[2].replace(".", "-") if ":" in algo else algo
+    return str(Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}")
 
 
 def agree_on_out_dir(env: Env, out: str | None, algo: str) -> Path:

@@ -303,7 +303,7 @@ class Trainer:
                  step_hooks: Sequence[Callable[[Trainer], None]] = (), eval_cache: EvalCache | None = None,
                  channels_last: bool = False, worker: Worker | None = None) -> None:
         self.rank, self.world_size = comm.rank, comm.world_size
-        self.eval_cache = eval_cache  # shared by the partitions of one process (geodml.run hosts them)
+        self.eval_cache = eval_cache  # shared by the partitions of one process (geodml.compose hosts them)
         self.model, self.flat, self.algo, self.comm, self.optim = model, flat, algo, comm, schedule.optim
         self.train_x, self.train_y, self.test_x, self.test_y = data.train_x, data.train_y, data.test_x, data.test_y
         self.own_eval_indices = None if data.own_eval_indices is None else data.own_eval_indices.to(data.test_x.device)

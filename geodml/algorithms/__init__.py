@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Protocol
 
+from geodml import plugins
 from geodml.algorithms.base import AlgoContext, Algorithm, FlatParams, LocalWork
 from geodml.algorithms.knob import Knob, KnobSpec
 from geodml.config import RunConfig
@@ -42,10 +43,16 @@ class AlgorithmFactory(Protocol):
 
 
 def algorithm_factory(name: str) -> AlgorithmFactory:
-    """The factory of ``--algo name`` (KeyError for an unknown name; RunConfig rejects those first)."""
-    module, attr = REGISTRY[name].split(":")
-    factory: AlgorithmFactory = getattr(importlib.import_module(module), attr)
-    return factory
+    """The factory of ``--algo name``: geodml's own (REGISTRY), else a plugin's class (geodml.plugins:
+    ``MODULE:CLASS`` or a registered entry point). KeyError for an unknown name (RunConfig rejects those first)."""
+    if name in REGISTRY:
+        module, attr = REGISTRY[name].split(":")
+        factory: AlgorithmFactory = getattr(importlib.import_module(module), attr)
+        return factory
+    if not plugins.is_plugin_name("algo", name):
+        raise KeyError(name)
+    plugin: AlgorithmFactory = plugins.load("algo", name)
+    return plugin
 
 
 def build_algorithm(cfg: RunConfig, *, flat: FlatParams, comm: Comm, ctx: AlgoContext) -> Algorithm:

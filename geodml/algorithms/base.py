@@ -61,6 +61,15 @@ class AlgoContext:
     (geodml.algorithms.shared; a context of its own, nothing shared, unless the engine passes one)."""
 
 
+def add_sparse_array(dst: torch.Tensor, idx: np.ndarray, vals: np.ndarray) -> None:
+    """``dst[idx] += vals`` for a received sparse update (integer indices, distinct; float values of
+    ``dst``'s dtype; possibly read-only arrays): one ``index_add_``, the same sum as adding the dense
+    vector element by element."""
+    i = torch.from_numpy(np.asarray(idx, dtype=np.int64).reshape(-1))   # a new array unless already int64
+    v = torch.from_numpy(np.require(vals, requirements="W").reshape(-1))  # a copy only of a read-only array
+    dst.view(-1).index_add_(0, i.to(dst.device), v.to(dst.device))
+
+
 def copy_array_into(dst: torch.Tensor, src: np.ndarray) -> None:
     """Copy a received (possibly read-only) numpy array into a preallocated tensor of the same
     number of elements, without a temporary on the CPU path."""

@@ -331,31 +331,34 @@ class FedAvg(Algorithm):
             self.on_server_state()
         self.holders = self.holders | frozenset(stale)
 
-    def _average(self, buf: torch.Tensor, sel: tuple[int, ...], p: float) -> None:
-        """This participant's contribution into ``buf``, summed over the participants ``sel`` in place
-        (called by participants only). The star's leader receives the others' contributions first and
-        only then writes its own (``buf`` is scratch, which holds nothing across a wait:
-        geodml.algorithms.shared); the sum is its own, then the others' in rank order, as before."""
+    def sum_contributions(self, buf: torch.Tensor, sel: tuple[int, ...], p: float) -> None:
+        """The exchange hook: this participant's contribution (``write_contribution(buf, p)``) summed over
+        the round's participants ``sel`` into ``buf`` in place, every participant ending with the same
+        bits (called by participants only). All K: one all-reduce. Fewer: a star through ``sel[0]``, which
+        receives the others' contributions first and only then writes its own (``buf`` is scratch, which
+        holds nothing across a wait: geodml.algorithms.shared); the sum is its own, then the others' in
+        rank order. A plugin that changes what goes on the wire (examples/topk_fedavg.py) overrides this."""
         if len(sel) == self.ctx.world_size:
-            self._contribution(buf, p)
+            self.write_contribution(buf, p)
             self.comm.all_reduce(buf, "model")
             return
         leader, tag = sel[0], 2 * self.round
         if self.ctx.rank != leader:
-            self._contribution(buf, p)
+            self.write_contribution(buf, p)
             self.comm.send(leader, "model", [buf], step=tag)
             copy_array_into(buf, self.comm.recv(leader, "model", step=tag)[0])
             return
         got = self.comm.recv_from(sel[1:], "model", step=tag)   # one wait for all of them
-        self._contribution(buf, p)
+        self.write_contribution(buf, p)
         for r in sel[1:]:                                   # rank order: the same sum on every run
             add_array(buf, got[r][0])
         for r in sel[1:]:
             self.comm.send(r, "model", [buf], step=tag)
 
-    def _contribution(self, wire: torch.Tensor, p: float) -> None:
-        """This participant's message into ``wire``: ``p_k (w_t - w^k)`` (a variant's ``contribute``),
-        its weighted float buffers and a variant's scalars; the Appendix G sums' first two."""
+    def write_contribution(self, wire: torch.Tensor, p: float) -> None:
+        """This participant's message into ``wire``: ``p_k (w_t - w^k)`` (a variant's ``contribute``) in its
+        first ``flat.numel`` entries, then its weighted float buffers and a variant's scalars; also the
+        Appendix G sums' first two."""
         n = self.flat.numel
         delta = wire[:n]
         torch.sub(self.global_w, self.flat.data, out=delta)          # w_t - w^k
@@ -376,7 +379,7 @@ class FedAvg(Algorithm):
         if self.is_selected:
             p = float(self.averaging_weights(sel)[sel.index(self.ctx.rank)])
             bufs = self.wire[n:n + self.nbuf]
-            self._average(self.wire, sel, p)
+            self.sum_contributions(self.wire, sel, p)
             step = self.aggregate(delta)
             if self._server.round == self.round:     # once per process: its hosted participants share w_t
                 self.server_update(step)                                  # w_{t+1}

@@ -60,14 +60,21 @@ def variant_class(*, fedavgm: bool = False, fedprox: bool = False, fedir: bool =
     return type(name.replace("+", "_"), tuple(chosen), {"name": name, "__doc__": f"FedAvg with {name}."})
 
 
+def fedavg_arguments(cfg: RunConfig, *, flat: FlatParams, comm: Comm, ctx: AlgoContext) -> dict[str, Any]:
+    """The keyword arguments of plain FedAvg's constructor from a (validated) config: the parameters,
+    Comm and context, the local momentum, --iter-local, --reset-momentum, --client-fraction and
+    --local-epochs. A plugin that extends FedAvg builds itself with them (docs/plugins.md)."""
+    a = cfg.algo
+    return dict(flat=flat, comm=comm, momentum=cfg.optim.momentum, ctx=ctx, iter_local=a.iter_local,
+                reset_momentum=a.reset_momentum, client_fraction=a.client_fraction, local_epochs=a.local_epochs)
+
+
 def build_fedavg(cfg: RunConfig, *, flat: FlatParams, comm: Comm, ctx: AlgoContext) -> FedAvg:
     """The combination of variants that ``cfg.algo`` asks for (module docstring), built."""
     a = cfg.algo
     if a.server_nesterov and a.server_momentum == 0:
         warnings.warn("--server-nesterov does nothing with --server-momentum 0", stacklevel=3)
-    kw: dict[str, Any] = dict(flat=flat, comm=comm, momentum=cfg.optim.momentum, ctx=ctx, iter_local=a.iter_local,
-                              reset_momentum=a.reset_momentum, client_fraction=a.client_fraction,
-                              local_epochs=a.local_epochs)
+    kw = fedavg_arguments(cfg, flat=flat, comm=comm, ctx=ctx)
     server = a.server_momentum > 0 or a.server_lr != 1.0 or a.server_nesterov
     if server:
         kw.update(server_momentum=a.server_momentum, server_lr=a.server_lr, nesterov=a.server_nesterov)

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from geodml.bench.common import format_table, run_geodml
-from geodml.run import HOSTED_GPU_ENV
+from geodml.compose import HOSTED_GPU_ENV
 
 BATCH = 20
 ITER_LOCAL = 20

@@ -161,9 +161,16 @@ def load_dataset(name: str, data_dir: str | None = None, *, seed: int = 0,
     ``cache_dir``, the decoded arrays are shared through that directory (module docstring;
     :func:`load_dataset_cached`); the values are the same either way.
     """
+    if name not in DATASET_NAMES and ":" in name or _registered_plugin(name):
+        return load_plugin_dataset(name, data_dir, seed=seed)   # a plugin's (not cached: its code may change)
     if cache_dir is not None:
         return load_dataset_cached(name, data_dir, seed=seed, cache_dir=cache_dir)[0]
     return _decode_dataset(name, data_dir, seed)
+
+
+def _registered_plugin(name: str) -> bool:
+    from geodml import plugins
+    return name not in DATASET_NAMES and plugins.is_plugin_name("dataset", name)
 
 
 def _decode_dataset(name: str, data_dir: str | None, seed: int) -> Dataset:
@@ -195,8 +202,11 @@ def check_dataset_available(name: str, data_dir: str | None) -> None:
 
     Checks existence, IDX headers (and, for uncompressed IDX files, their exact sizes) and
     the presence of all CIFAR batches, without decoding pixels. Meant for the CLI before any
-    process group exists; raises :class:`DatasetError` with an actionable message.
+    process group exists; raises :class:`DatasetError` with an actionable message. A plugin's dataset
+    (``MODULE:FUNCTION``) is checked when it is loaded.
     """
+    if name not in DATASET_NAMES and (":" in name or _registered_plugin(name)):
+        return
     _check_name(name)
     if name == "digits":
         if data_dir is not None:
@@ -374,6 +384,37 @@ def load_dataset_cached(name: str, data_dir: str | None = None, *, seed: int = 0
 
 
 # ----------------------------------------------------------------------------- helpers
+
+
+def load_plugin_dataset(name: str, data_dir: str | None, *, seed: int) -> Dataset:
+    """``--dataset MODULE:FUNCTION`` (geodml.plugins): ``FUNCTION(seed=seed, data_dir=data_dir)`` returns a
+    :class:`Dataset` as it is, or the arrays ``(train_x, train_y, test_x, test_y)`` (images ``[N, C, H, W]``,
+    integer labels ``0..C-1``), standardized here per channel with the training set's statistics as geodml's
+    own readers do. A pure function of ``seed`` and the files: every rank calls it. DatasetError when
+    its result is neither."""
+    from geodml import plugins
+
+    got = plugins.load("dataset", name)(seed=seed, data_dir=data_dir)
+    if isinstance(got, Dataset):
+        return got
+    if not (isinstance(got, tuple) and len(got) == 4):
+        raise DatasetError(f"--dataset {name}: returned {type(got).__name__}; expected a geodml.data.Dataset or "
+                           "the arrays (train_x, train_y, test_x, test_y)")
+    train_x, train_y, test_x, test_y = (np.asarray(a) for a in got)
+    if train_x.ndim != 4 or test_x.ndim != 4 or train_x.shape[1:] != test_x.shape[1:]:
+        raise DatasetError(f"--dataset {name}: images must be [N, C, H, W] arrays of one shape, got train "
+                           f"{train_x.shape} and test {test_x.shape}")
+    for what, x, y in (("train", train_x, train_y), ("test", test_x, test_y)):
+        if y.shape != (len(x),) or not np.issubdtype(y.dtype, np.integer) or (y.size and y.min() < 0):
+            raise DatasetError(f"--dataset {name}: {what} labels must be {len(x)} integers >= 0, got shape "
+                               f"{y.shape} of {y.dtype}")
+    num_classes = int(max(train_y.max(initial=0), test_y.max(initial=0))) + 1
+    if num_classes < 2:
+        raise DatasetError(f"--dataset {name}: needs at least 2 classes, got labels of {num_classes}")
+    train_t, test_t, std = _standardize(train_x, test_x)
+    return Dataset(name=name, train_x=train_t, train_y=torch.from_numpy(train_y.astype(np.int64)), test_x=test_t,
+                   test_y=torch.from_numpy(test_y.astype(np.int64)), num_classes=num_classes,
+                   pixel_std=float(np.sqrt(np.mean(np.square(std)))))
 
 
 def _check_name(name: str) -> None:

@@ -627,6 +627,28 @@ class EntropyPartitioner:
         return _finish(parts)
 
 
+class PluginPartitioner:
+    """A plugin's partitioner (``--partition MODULE:CLASS``), its output checked: ``num_partitions``
+    pairwise disjoint index arrays into ``labels``, returned sorted as int64."""
+
+    def __init__(self, name: str, inner: Partitioner) -> None:
+        self.name = name
+        self.inner = inner
+
+    def split(self, labels: np.ndarray, num_partitions: int, rng: np.random.Generator) -> list[np.ndarray]:
+        labels = _check_split_args(labels, num_partitions)
+        parts = list(self.inner.split(labels, num_partitions, rng))
+        if len(parts) != num_partitions:
+            raise ValueError(f"--partition {self.name}: split returned {len(parts)} partitions for {num_partitions}")
+        out = _finish(parts)
+        flat = np.concatenate(out) if out else np.zeros(0, np.int64)
+        if flat.size and (flat.min() < 0 or flat.max() >= len(labels)):
+            raise ValueError(f"--partition {self.name}: split returned indices outside 0..{len(labels) - 1}")
+        if len(np.unique(flat)) != len(flat):
+            raise ValueError(f"--partition {self.name}: split returned partitions that share samples")
+        return out
+
+
 def make_partitioner(cfg: DataConfig) -> Partitioner:
     """The partitioner ``cfg.partition`` names, with its parameter from ``cfg``."""
     if cfg.partition == "iid":
@@ -643,6 +665,11 @@ def make_partitioner(cfg: DataConfig) -> Partitioner:
         return EntropyPartitioner(steps=cfg.entropy_steps, groups=LABEL_TREES.get(cfg.dataset))
     if cfg.partition == "shards":
         return ShardsPartitioner(shards_per_partition=cfg.shards_per_partition)
+    if cfg.partition not in PARTITIONS:   # a plugin (geodml.plugins): its class, built from the data config
+        from geodml import plugins
+        cls = plugins.load("partition", cfg.partition)
+        made = cls.from_config(cfg) if hasattr(cls, "from_config") else cls()
+        return PluginPartitioner(cfg.partition, made)
     raise ValueError(f"--partition: unknown partitioner {cfg.partition!r}; choose one of {', '.join(PARTITIONS)}")
 
 

@@ -12,7 +12,7 @@ ZeroMQ); with several it is their in-process group's, linked to the other proces
 
 :func:`host` is the engine's entry: join the job, build the Comm group, start the metrics exporter,
 run the hosted partitions' tasks, and return the summary (process 0; partition 0 writes the run
-directory). geodml.run is the composition root that calls it after the preflight.
+directory). geodml.compose is the composition root that calls it after the preflight.
 """
 
 from __future__ import annotations

@@ -126,11 +126,34 @@ def build_from_config(cfg: ModelConfig, input_shape: tuple[int, int, int], num_c
                       generator_seed: int | None = None, pixel_std: float = 1.0) -> nn.Module:
     """``build_model`` with the network, normalization and its options of a (validated) ModelConfig;
     ``pixel_std`` is the dataset's (``Dataset.pixel_std``), LeNet's input scale."""
+    if cfg.is_plugin:
+        return _plugin_model(cfg.model, input_shape, num_classes, generator_seed=generator_seed)
     init, r_step, d_step = (int(x) for x in cfg.brn_steps)
     brn = BatchReNormSchedule(step_to_init=init, step_to_r_max=r_step, step_to_d_max=d_step, r_max=cfg.brn_r_max,
                               d_max=cfg.brn_d_max, moving_average_fraction=cfg.brn_average_fraction)
     return build_model(cfg.model, cfg.norm, input_shape, num_classes, generator_seed=generator_seed,
                        gn_group_size=cfg.gn_group_size, gn_groups=cfg.gn_groups, brn=brn, input_scale=pixel_std)
+
+
+def _plugin_model(name: str, input_shape: tuple[int, int, int], num_classes: int, *,
+                  generator_seed: int | None) -> nn.Module:
+    """``--model MODULE:FUNCTION`` (geodml.plugins): ``FUNCTION(input_shape, num_classes)`` returns the
+    network; with ``generator_seed`` its initial weights come from that seed alone, as geodml's own
+    models' do (the global generator forked and restored). Returned as float32 in training mode."""
+    from geodml import plugins
+
+    fn = plugins.load("model", name)
+    if generator_seed is None:
+        model = fn(tuple(input_shape), num_classes)
+    else:
+        with _GLOBAL_RNG_LOCK, torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(generator_seed)
+            model = fn(tuple(input_shape), num_classes)
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"--model {name}: returned {type(model).__name__}, not a torch.nn.Module")
+    if not any(True for _ in model.parameters()):
+        raise ValueError(f"--model {name}: the network has no parameters to train")
+    return model.float().train()
 
 
 def param_multipliers(cfg: ModelConfig, model: nn.Module) -> dict[str, tuple[float, float]] | None:
