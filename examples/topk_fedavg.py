@@ -44,19 +44,19 @@ class TopKFedAvg(FedAvg):
         self.topk_fraction = float(value)
 
     def sum_contributions(self, buf, sel, p):
-        n = self.flat.numel
+        leader, tag, n = sel[0], 2 * self.round, self.flat.numel
+        if self.ctx.rank == leader:   # receive first: buf is scratch, other partitions use it during a wait
+            got = self.comm.recv_from(sel[1:], "model", step=tag)
         self.write_contribution(buf, p)                    # buf = [p_k (w_t - w^k) | BN buffers]
         e = self.residual.add_(buf[:n])                    # error feedback
         idx = torch.topk(e.abs(), max(1, round(self.topk_fraction * n)), sorted=False).indices
         vals = e[idx]
         e.index_fill_(0, idx, 0.0)
         buf[:n].zero_().index_copy_(0, idx, vals)          # what this participant contributes
-        leader, tag = sel[0], 2 * self.round
         if self.ctx.rank != leader:
             self.comm.send(leader, "model", [idx.to(torch.int32), vals, buf[n:]], step=tag)
             copy_array_into(buf, self.comm.recv(leader, "model", step=tag)[0])
             return
-        got = self.comm.recv_from(sel[1:], "model", step=tag)
         for r in sel[1:]:                                  # rank order: the same sum every run
             idx_r, vals_r, tail = got[r]
             add_sparse_array(buf[:n], idx_r, vals_r)

@@ -98,6 +98,8 @@ def _fingerprint(cfg: RunConfig, world_size: int) -> dict[str, Any]:
         fp[k] = d[k]
     for k in _FINGERPRINT_COMM:
         fp[f"comm.{k}"] = d["comm"][k]
+    for k, v in (d.get("plugin") or {}).items():   # a plugin algorithm's own options (geodml.plugins)
+        fp[f"plugin.{k}"] = list(v) if isinstance(v, tuple) else v
     return fp
 
 

@@ -703,7 +703,7 @@ class RunConfig:
 def plugin_config_class(algo: str) -> type | None:
     """The options dataclass (``Config``) of the plugin algorithm ``algo``; None for geodml's own
     algorithms and for a plugin without options. ValueError when ``Config`` is no keyword-only dataclass."""
-    if algo in ALGOS:
+    if algo in ALGOS or not plugins.is_plugin_name("algo", algo):   # an unknown name: AlgoConfig says so
         return None
     cls = getattr(plugins.load("algo", algo), "Config", None)
     if cls is None:
@@ -716,8 +716,8 @@ def plugin_config_class(algo: str) -> type | None:
 def plugin_family(algo: str) -> str | None:
     """The geodml algorithm a plugin class extends ("fedavg", "bsp", "gaia", "dgc", "local": the ``name``
     of the nearest of geodml's algorithm classes among its bases), or None."""
-    if algo in ALGOS:
-        return algo
+    if algo in ALGOS or not plugins.is_plugin_name("algo", algo):
+        return algo if algo in ALGOS else None
     for base in getattr(plugins.load("algo", algo), "__mro__", ()):
         name = base.__dict__.get("name")
         if base.__module__.startswith("geodml.algorithms.") and name in ALGOS:

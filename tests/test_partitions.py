@@ -60,7 +60,7 @@ def test_hosted_partitions_go_to_a_gpu_only_with_device_cuda(monkeypatch, tmp_pa
     auto takes the GPU, as before. P > R: only --device cuda does (NCCL when each process has its
     own GPU, gloo when processes share one); auto keeps hosted partitions on the CPU."""
     from geodml.cli import parse_config
-    from geodml.run import hosting_device, preflight
+    from geodml.compose import hosting_device, preflight
     from geodml.runtime import Env
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -133,7 +133,7 @@ def test_hosted_gpu_partitions_get_small_cublas_workspaces_unless_exported(monke
     instead of Hopper's default 32 MiB (docs/performance.md, "GPU: hosted partitions"); ':16:8' is
     one of the two settings cuBLAS documents as deterministic, so --deterministic keeps it; a
     value the user exported wins."""
-    from geodml import run as run_mod
+    from geodml import compose as run_mod
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     monkeypatch.delenv("CUBLASLT_WORKSPACE_SIZE", raising=False)
     run_mod._small_cublas_workspaces()
