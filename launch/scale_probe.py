@@ -6,7 +6,7 @@ Runs ``torchrun --nproc_per_node=K -m geodml ARGS --out OUT`` and samples, every
 ``--interval`` seconds, the resident memory of the whole process tree with psutil: the sum of
 RSS (counts shared pages -- torch's libraries, a shared dataset cache -- once per rank) and the
 sum of PSS (each shared page divided among the processes that map it: the honest total).
-Per rank it reads ``OUT/rank<k>/startup.json`` (written by geodml.run: imports, process group,
+Per rank it reads ``OUT/rank<k>/startup.json`` (written by geodml.compose: imports, process group,
 ZeroMQ mesh, data, model set-up, peak RSS from getrusage). Prints a table and writes
 ``OUT/scale_probe.json``. Bounded: the job is killed after ``--timeout`` seconds.
 """

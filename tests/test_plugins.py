@@ -53,8 +53,8 @@ SMALL = ["--dataset", "digits", "--partitions", "4", "--steps", "20", "--no-prog
 
 # ---- the public names ---------------------------------------------------------------------
 def test_public_names_import_from_geodml():
-    from geodml import Algorithm, InputError, KnobSpec, RunConfig, RunResult, run  # noqa: F401
     import geodml.algorithm as api
+    from geodml import Algorithm, InputError, KnobSpec, RunConfig, RunResult, run  # noqa: F401
     for name in api.__all__:
         assert getattr(api, name) is not None, name
     assert geodml.Algorithm is api.Algorithm and geodml.RunConfig is api.RunConfig
