@@ -1,6 +1,6 @@
 """Command line: flags (and an optional TOML file of defaults) -> RunConfig -> run.
 
-Thin on purpose (DESIGN.md style rule 10): parse, validate everything that can be validated
+Thin on purpose (docs/design.md style rule 10): parse, validate everything that can be validated
 before a process group exists, then hand over to geodml.compose. Bad input prints one message
 (on rank 0 only, so torchrun's K processes don't repeat it) and exits with code 2 on every
 rank. Every flag, its type, choices, default and help come from the config dataclasses
@@ -158,7 +158,7 @@ def values_of(raw: dict[str, Any], option_of: dict[str, Option], *, unknown: str
 
 
 def ignored_settings(values: dict, algo: str, option_of: dict[str, Option] = OPTION_OF) -> list[str]:
-    """Flags given that have no effect with ``algo`` (to warn about, not to fail; DESIGN.md style rule 4).
+    """Flags given that have no effect with ``algo`` (to warn about, not to fail; docs/design.md style rule 4).
     A plugin algorithm takes the options of the geodml algorithm it extends (geodml.config.plugin_family)."""
     from geodml.config import FEDAVG_BASE_FIELDS, plugin_family
     family = plugin_family(algo) if isinstance(algo, str) else None

@@ -1,4 +1,4 @@
-"""One run, end to end: the composition root (DESIGN.md "How a run flows").
+"""One run, end to end: the composition root (docs/design.md "How a run flows").
 
     preflight(cfg, env)  every check that needs no process group; resolves backend, topology and
                          placement once and hands them on (a bad input stops here, exit 2)
@@ -51,6 +51,9 @@ def preflight(cfg: RunConfig, env: Env, *, data: bool = True) -> Preflight:
     check_checkpoints(cfg, partitions)  # --resume/--checkpoint-every flags and checkpoint files
     if cfg.metrics_port:
         _check_metrics_ports(cfg.metrics_port, cfg.metrics_host, env.local_world_size)
+    if cfg.tensorboard:
+        from geodml.metrics.tensorboard import require_tensorboard
+        require_tensorboard()
     if not data:
         rundir.check_not_crashed(cfg.out, resume=resume_requested(cfg))
         return Preflight(backend=backend, topology=topology, region_of_rank=regions, dataset=None, partitions=[])

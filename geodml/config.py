@@ -4,7 +4,7 @@ This module is the only place options are validated, and the only place they are
 each field carries its command-line face in ``dataclasses.field(metadata=...)`` (see ``opt``):
 help text, flag name when it differs from the field's, choices, and which algorithms the
 option applies to. ``OPTIONS`` lists them all; geodml.cli generates the parser and reads TOML
-files from it (DESIGN.md style rule 3: the CLI only maps flags onto these classes). Every check
+files from it (docs/design.md style rule 3: the CLI only maps flags onto these classes). Every check
 raises ``ValueError`` whose message names the command-line flag, so the CLI can print it once
 and exit with code 2 before any process group exists.
 
@@ -606,6 +606,10 @@ class RunConfig:
                             "BASE + local rank; writes <out>/prometheus_targets.json (0: no exporter)")
     metrics_host: str = opt("127.0.0.1", group="metrics", metavar="HOST", help="address the exporters listen on "
                             "(0.0.0.0 to be scraped from other hosts)")
+    tensorboard: str | None = opt(None, group="metrics", metavar="DIR", default_text="off",
+                                  help="also write TensorBoard event files into DIR/<run directory name>: every "
+                                  "metrics.jsonl number on the step axis, accuracy_vs_wan_bytes (bytes as the step), "
+                                  "and the summary's WAN bytes per kind and per link (geodml/metrics/tensorboard.py)")
     metrics_linger_s: float = opt(10.0, flag="--metrics-linger", group="metrics", metavar="S",
                                   help="seconds the exporters stay up after the run so Prometheus scrapes the final "
                                   "values (with --metrics-port)")
@@ -654,6 +658,8 @@ class RunConfig:
                f"got {self.metrics_port!r}")
         _check(isinstance(self.metrics_host, str) and self.metrics_host.strip() != "",
                f"--metrics-host must be an address such as 127.0.0.1 or 0.0.0.0, got {self.metrics_host!r}")
+        _check(self.tensorboard is None or (isinstance(self.tensorboard, str) and self.tensorboard.strip() != ""),
+               f"--tensorboard takes a directory, got {self.tensorboard!r}")
         _check(_finite(self.metrics_linger_s) and self.metrics_linger_s >= 0,
                f"--metrics-linger must be >= 0 seconds, got {self.metrics_linger_s!r}")
         _check(self.partitions is None or (isinstance(self.partitions, int) and not isinstance(self.partitions, bool)

@@ -1,4 +1,4 @@
-"""The builder of a run's parts (DESIGN.md "How a run flows", steps 1-4): the Comm, the metric
+"""The builder of a run's parts (docs/design.md "How a run flows", steps 1-4): the Comm, the metric
 sinks and exporter, the data and its partitions, the model, the algorithm, SkewScout, the
 checkpointer and the trainer, wired together and registered for teardown.
 
@@ -239,6 +239,10 @@ def _rank0_sinks(cfg: RunConfig, out: Path, total_steps: int) -> Sink:
     sinks: list[Sink] = [JsonlSink(out / rundir.METRICS)]
     if cfg.progress:
         sinks.append(ConsoleProgress(total_steps))
+    if cfg.tensorboard:
+        from geodml.engine import tensorboard_dir
+        from geodml.metrics.tensorboard import TensorBoardSink
+        sinks.append(TensorBoardSink(tensorboard_dir(cfg, out)))
     return MultiSink(sinks)
 
 

@@ -1,4 +1,4 @@
-"""The run-directory contract (DESIGN.md "The run directory contract"): file names, the
+"""The run-directory contract (docs/design.md "The run directory contract"): file names, the
 config.json header, the summary, atomic writers, and reading a run back.
 
 Tests, ``geodml.report`` and the study runner read run directories through this module, so the
@@ -171,7 +171,7 @@ def check_not_crashed(out: Path | str | None, *, resume: bool) -> None:
 def make_summary(cfg: RunConfig, *, world_size: int, result: Mapping[str, Any], totals: Mapping[str, Any], emulated_s: float,
                  wall_s: float, steps: int, steps_per_epoch: int, bsp_bytes: int, algo: Algorithm,
                  skewscout: Mapping[str, Any]) -> dict[str, Any]:
-    """summary.json: the run's final numbers (DESIGN.md lists the keys tests and tools rely on).
+    """summary.json: the run's final numbers (docs/design.md lists the keys tests and tools rely on).
 
     ``result`` is ``Trainer.run()``'s, ``totals`` ``Ledger.summarize`` of every rank's rows,
     ``bsp_bytes`` the WAN bytes BSP would have sent over the same steps on the same placement (one

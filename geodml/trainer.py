@@ -1,4 +1,4 @@
-"""The per-partition training loop (DESIGN.md "How a run flows", steps 5-6).
+"""The per-partition training loop (docs/design.md "How a run flows", steps 5-6).
 
 Every process trains on its own partition with vanilla momentum SGD; the algorithm's hooks
 do all communication. One epoch is ``ceil(N_train / (K * batch_size))`` steps on every rank

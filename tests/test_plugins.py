@@ -141,11 +141,14 @@ ROUNDS = ["--dataset", "digits", "--partitions", "4", "--client-fraction", "0.5"
           "--steps", "40", "--iter-local", "10", "--no-progress", "--eval-every", "20"]
 
 
-def test_topk_at_fraction_1_is_fedavg_bit_for_bit_and_its_bytes_follow_its_encoding(tmp_path):
+def test_topk_at_fraction_1_is_fedavg_bit_for_bit_and_its_bytes_follow_its_encoding(tmp_path, monkeypatch):
     """m = 2 of 4 participants a round (FedAvg's star through the round's first participant), BatchNorm
     buffers in the message, 4 rounds. At fraction 1 the weights are FedAvg's bit for bit; the only byte
     difference is the upload's encoding: per round one upload of int32 indices + float32 values + the
-    buffers instead of FedAvg's float32 [update | buffers], each with its envelope."""
+    buffers instead of FedAvg's float32 [update | buffers], each with its envelope. Shared scratch is
+    poisoned at every switch between partitions (docs/architecture.md): the plugin must not read it
+    across a wait."""
+    monkeypatch.setenv("GEODML_POISON_SCRATCH", "1")
     fed = geodml.run(["--algo", "fedavg", *ROUNDS, "--out", str(tmp_path / "fedavg")])
     top = geodml.run(["--algo", TOPK, "--topk-fraction", "1", *ROUNDS, "--out", str(tmp_path / "topk1")])
     _same_weights(fed.out, top.out)
@@ -388,3 +391,46 @@ def test_the_sweep_example_prints_its_table(tmp_path):
     for row in rows:
         if row[0] == "TopKFedAvg":
             assert float(row[4]) < fed[row[2]]   # fewer bytes than FedAvg at every fraction < 1
+
+
+# ---- experiment trackers: TensorBoard -----------------------------------------------------------
+def _events(directory: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(directory), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_tensorboard_events_read_back_equal_the_run_files(tmp_path):
+    r = geodml.run(["--algo", "gaia", "--t0", "0.05", "--partitions", "3", "--dataset", "digits", "--steps", "40",
+                    "--eval-every", "20", "--log-every", "10", "--no-progress", "--skewscout", "--travel-every", "20",
+                    "--out", str(tmp_path / "run"), "--tensorboard", str(tmp_path / "tb")])
+    ev = _events(tmp_path / "tb" / "run")
+    lines = [m for m in r.metrics if "train_loss" in m]
+    assert [s for s, _ in ev["train_loss"]] == [m["step"] for m in lines]
+    assert [v for _, v in ev["train_loss"]] == pytest.approx([m["train_loss"] for m in lines], rel=1e-6)  # float32
+    assert [s for s, _ in ev["wan_bytes_total"]] == [m["step"] for m in r.metrics if "wan_bytes_total" in m]
+    evals = [m for m in r.metrics if "val_accuracy" in m]
+    assert ev["accuracy_vs_wan_bytes"] == [(m["wan_bytes_total"], pytest.approx(m["val_accuracy"])) for m in evals]
+    thetas = [m for m in r.metrics if "theta" in m]
+    assert thetas and [s for s, _ in ev["theta"]] == [m["step"] for m in thetas]
+    assert "accuracy_loss" in ev and "emulated_s" in ev and "gaia_threshold" in ev
+    for link, nbytes in r.summary["wan_bytes_by_link"].items():
+        assert ev[f"wan_bytes_by_link/{link}"] == [(40, float(nbytes))]
+    assert ev["wan_bytes_by_kind/update"] == [(40, float(r.summary["wan_bytes_by_kind"]["update"]))]
+    assert ev["final/final_val_accuracy"] == [(40, pytest.approx(r.summary["final_val_accuracy"]))]
+
+
+def test_tensorboard_flag_without_the_package_is_one_clear_error(tmp_path, monkeypatch):
+    import builtins
+    real = builtins.__import__
+
+    def no_tensorboard(name, *args, **kwargs):
+        if name == "tensorboard" or name.startswith("tensorboard."):
+            raise ImportError("No module named 'tensorboard'")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_tensorboard)
+    with pytest.raises(geodml.InputError, match=r"--tensorboard needs the tensorboard package .*pip install tensorboard"):
+        geodml.run([*SMALL, "--out", str(tmp_path / "x"), "--tensorboard", str(tmp_path / "tb")])
+    assert not (tmp_path / "x").exists() and not (tmp_path / "tb").exists()

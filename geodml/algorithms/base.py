@@ -23,7 +23,7 @@ SkewScout turns ``algo.knob`` (geodml.algorithms.knob.Knob; None: no knob).
 
 An algorithm talks only through ``self.comm`` (geodml.comm.api.Comm); it never opens a socket or
 calls torch.distributed itself. Its state is one checkpointable object: hyper-parameters,
-internal state (tensors) and statistics (DESIGN.md style rule 5).
+internal state (tensors) and statistics (docs/design.md style rule 5).
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class FlatParams:
 
     ``data`` holds the weights and ``grad`` the gradients; every ``p.data`` / ``p.grad`` of
     the model is a view into them, so an algorithm works on one flat tensor with no per-step
-    allocation (DESIGN.md style rule 12) and autograd accumulates straight into ``grad``.
+    allocation (docs/design.md style rule 12) and autograd accumulates straight into ``grad``.
     Buffers (BatchNorm running statistics) stay in the model; ``float_buffers`` lists them.
     ``layers`` lists each layer's ``(offset, numel)`` in ``data``: the parameters a module owns
     directly (a conv's weight and bias), contiguous, in order, covering ``data`` exactly.

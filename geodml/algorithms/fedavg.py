@@ -142,7 +142,7 @@ class FedAvg(Algorithm):
             # start), a zero tensor the process's partitions share (never written) otherwise
             self._idle_u = ctx.shared.tensor("fedavg.idle_u", flat.data, torch.Tensor.zero_)
             self.u = self._idle_u
-        # internal state: preallocated flat buffers (DESIGN.md rule 12)
+        # internal state: preallocated flat buffers (docs/design.md rule 12)
         n = flat.numel
         self.nbuf = sum(b.numel() for b in flat.float_buffers)
         dtype, dev, sc = flat.data.dtype, flat.data.device, ctx.shared.scratch

@@ -51,7 +51,7 @@ class Gaia(Algorithm):
         n = flat.numel
         dev = flat.data.device
         self.v = torch.zeros_like(flat.data)              # accumulated, not yet significant updates (own state)
-        # Preallocated hot-path buffers (DESIGN.md rule 12), on the model's device: scratch that the
+        # Preallocated hot-path buffers (docs/design.md rule 12), on the model's device: scratch that the
         # partitions of a process share (geodml.algorithms.shared): each is used within one turn
         # (select -> send, which copies; receive -> add), never across a wait.
         sc = ctx.shared.scratch

@@ -1,4 +1,4 @@
-"""What the partitions hosted by one process share, for algorithms (DESIGN.md "Per-partition state
+"""What the partitions hosted by one process share, for algorithms (docs/design.md "Per-partition state
 and the engine").
 
 Every partition has its own algorithm object, written as if it were alone in its process: its

@@ -1,4 +1,4 @@
-"""Communication layer: the only way an algorithm talks to other partitions (DESIGN.md "Comm").
+"""Communication layer: the only way an algorithm talks to other partitions (docs/design.md "Comm").
 
 * geodml.comm.api -- the contract: :class:`Comm` (what an algorithm may use), :class:`RunComm`
   (what the run may use besides), :class:`CommError`, :class:`CommTimeoutError`.

@@ -1,4 +1,4 @@
-"""The Comm contract (DESIGN.md "The central interfaces"): what an algorithm may use to talk to
+"""The Comm contract (docs/design.md "The central interfaces"): what an algorithm may use to talk to
 other partitions (:class:`Comm`), and the wider view the run has (:class:`RunComm`).
 
 Two implementations: :class:`geodml.comm.dist.DistComm` (one partition per process:

@@ -1,4 +1,4 @@
-"""Cost models of the charged collectives (DESIGN.md "WAN emulation"): the bytes each rank sends
+"""Cost models of the charged collectives (docs/design.md "WAN emulation"): the bytes each rank sends
 and how long a collective takes, computed from sizes and the topology alone (no communication).
 geodml.comm.charged applies them; both Comms (DistComm, InProcessComm) therefore charge alike.
 

@@ -1,5 +1,5 @@
 """The process half of a run whose P partitions are spread over R > 1 processes, each hosting a
-contiguous block (DESIGN.md "Comm"; README "Partitions and processes").
+contiguous block (docs/design.md "Comm"; README "Partitions and processes").
 
 An :class:`geodml.comm.inprocess.InProcessGroup` hosts one process's block; its
 :class:`CrossProcess` carries what leaves the process:

@@ -1,4 +1,4 @@
-"""DistComm: the Comm of one partition per process (DESIGN.md "Comm"; contract: geodml.comm.api).
+"""DistComm: the Comm of one partition per process (docs/design.md "Comm"; contract: geodml.comm.api).
 
 Dense collectives run over the default torch.distributed process group; point-to-point messages
 go through the ZeroMQ peer transport (geodml.comm.transport). What every call charges and how

@@ -1,4 +1,4 @@
-"""InProcessComm: several partitions of one run in one process, one thread each (DESIGN.md
+"""InProcessComm: several partitions of one run in one process, one thread each (docs/design.md
 "Comm"; contract: geodml.comm.api).
 
 An :class:`InProcessGroup` of K ranks holds what they share: a rendezvous for collectives and

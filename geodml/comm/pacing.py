@@ -1,4 +1,4 @@
-"""Traffic in time (DESIGN.md "WAN emulation"): the emulated clock, the link FIFOs, and under
+"""Traffic in time (docs/design.md "WAN emulation"): the emulated clock, the link FIFOs, and under
 ``--wan real`` the wall-clock pacing of messages and collectives. The link model itself
 (``WanLink.transfer_s``) is in geodml.comm.topology; the collectives' durations in
 geodml.comm.collectives. No sockets here: :class:`LinkPacing` says when each message arrives

@@ -1,5 +1,5 @@
 """Emulated WAN topologies: regions, the directed links between them, the link model and the
-placement of ranks in regions (DESIGN.md "WAN emulation").
+placement of ranks in regions (docs/design.md "WAN emulation").
 
 Pure Python (no sockets, no torch, no clocks): geodml.comm.pacing applies the link model to
 traffic in time, geodml.comm.collectives to the collectives.

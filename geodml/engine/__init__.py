@@ -1,4 +1,4 @@
-"""The engine: how a process trains the block of partitions it hosts (DESIGN.md "Per-partition state
+"""The engine: how a process trains the block of partitions it hosts (docs/design.md "Per-partition state
 and the engine").
 
 One code path for every algorithm, feature and process count. A process hosts a contiguous block
@@ -181,6 +181,11 @@ class ModelFiles:
             shutil.copyfile(first, path)
 
 
+def tensorboard_dir(cfg: RunConfig, out: Path) -> Path:
+    """Where ``--tensorboard DIR`` puts this run's event files: DIR/<run directory name>."""
+    return Path(str(cfg.tensorboard)) / Path(out).resolve().name
+
+
 def finish_partition(cfg: RunConfig, env: Env, parts: Parts, result: dict, *, wall_t0: float,
                      startup: Startup, model_files: ModelFiles | None = None) -> dict | None:
     """Totals (uncharged bookkeeping) and the run directory; the summary on rank 0."""
@@ -208,6 +213,9 @@ def finish_partition(cfg: RunConfig, env: Env, parts: Parts, result: dict, *, wa
                                   steps_per_epoch=parts.steps_per_epoch, bsp_bytes=bsp_bytes, algo=parts.algo,
                                   skewscout=parts.skewscout.summary() if parts.skewscout is not None else {})
     rundir.save_torch(out / rundir.MODEL, global_sd)
+    if cfg.tensorboard:   # after metrics.jsonl, before summary.json (written last: "finished")
+        from geodml.metrics.tensorboard import write_summary_events
+        write_summary_events(tensorboard_dir(cfg, out), summary)
     rundir.write_json(out / rundir.SUMMARY, summary)
     print(rundir.done_text(summary, out), flush=True)
     return summary

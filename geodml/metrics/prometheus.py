@@ -1,4 +1,4 @@
-"""Prometheus exporter: one HTTP endpoint per rank (DESIGN.md "Metric names").
+"""Prometheus exporter: one HTTP endpoint per rank (docs/design.md "Metric names").
 
 Every rank serves ``/metrics`` on ``--metrics-host:--metrics-port + local rank`` from its own
 :class:`prometheus_client.CollectorRegistry` (never the global one). Nothing is computed per
