@@ -1,4 +1,4 @@
-/* Fused selection kernels for Gaia and DGC on the CPU, and Gaia's row update of the pool engine (issue 12, docs/performance.md "Kernels").
+/* Fused selection kernels for Gaia and DGC on the CPU (issue 12, docs/performance.md "Kernels").
 
    NumPy needs one pass per elementwise operation (|w|, x T, |v|, >, count, flatnonzero), and
    np.flatnonzero at a random 2-50% density is branch-bound; one C loop reads each input once
@@ -197,103 +197,6 @@ static PyObject *abs_ge_indices(PyObject *self, PyObject *args) {
     result = PyLong_FromSsize_t(c);
 done:
     PyBuffer_Release(&bv); PyBuffer_Release(&bidx);
-    return result;
-}
-
-/* gaia_add_rows(W, start, updates) -> None
-
-   Gaia, Quagmire Algorithm 1 lines 13-15, for the rows of a pool process (geodml.pool_gaia):
-   W is the [h, n] float32 matrix of the process's partitions start .. start + h - 1, updates[src]
-   partition src's update of this step as received (a list: [] nothing, [vals float32[n]]
-   dense, [idx int32[m], vals float32[m]] sparse). Row r gets every update but its own
-   partition's, in rank order: W[r] += vals (dense) or W[r, idx[i]] += vals[i] for i in order
-   (sparse); one float32 addition per entry and update, as Gaia.add_update's torch calls make
-   them, so the result is the same bit for bit. Row by row, so a row stays in cache while every
-   update is added to it (the torch path adds an update to every row, sender by sender).
-   Indices are checked (0 <= idx < n) before anything is written. */
-typedef struct { const int32_t *idx; const float *vals; Py_ssize_t m; int kind; } update_t;  /* kind 0 none, 1 dense, 2 sparse */
-
-static PyObject *gaia_add_rows(PyObject *self, PyObject *args) {
-    PyObject *ow, *oupd;
-    Py_ssize_t start;
-    if (!PyArg_ParseTuple(args, "OnO", &ow, &start, &oupd))
-        return NULL;
-    PyObject *seq = PySequence_Fast(oupd, "gaia_add_rows: updates must be a sequence");
-    if (seq == NULL) return NULL;
-    Py_ssize_t P = PySequence_Fast_GET_SIZE(seq);
-    Py_buffer bw;
-    if (get(ow, &bw, 1, 4, "W") < 0) { Py_DECREF(seq); return NULL; }
-    Py_ssize_t n = bw.ndim == 2 ? bw.shape[1] : 0, h = bw.ndim == 2 ? bw.shape[0] : 0;
-    update_t *u = PyMem_Calloc(P > 0 ? P : 1, sizeof(update_t));
-    Py_buffer *views = PyMem_Calloc(2 * (P > 0 ? P : 1), sizeof(Py_buffer));
-    Py_ssize_t held = 0;  /* views[0 .. held) are acquired */
-    PyObject *result = NULL;
-    if (u == NULL || views == NULL) { PyErr_NoMemory(); goto done; }
-    if (bw.ndim != 2 || start < 0 || start + h > P) {
-        PyErr_SetString(PyExc_ValueError, "gaia_add_rows: W must be [h, n] with start + h <= len(updates)");
-        goto done;
-    }
-    for (Py_ssize_t s = 0; s < P; s++) {
-        PyObject *arrays = PySequence_Fast(PySequence_Fast_GET_ITEM(seq, s), "gaia_add_rows: an update must be a list");
-        if (arrays == NULL) goto done;
-        Py_ssize_t k = PySequence_Fast_GET_SIZE(arrays);
-        int ok = 1;
-        if (k == 1) {
-            ok = get(PySequence_Fast_GET_ITEM(arrays, 0), &views[held], 0, 4, "dense values") == 0;
-            if (ok) {
-                u[s].vals = views[held].buf; u[s].m = views[held].len / 4; u[s].kind = 1; held++;
-                if (u[s].m != n) { PyErr_SetString(PyExc_ValueError, "gaia_add_rows: a dense update must have n values"); ok = 0; }
-            }
-        } else if (k == 2) {
-            ok = get(PySequence_Fast_GET_ITEM(arrays, 0), &views[held], 0, 4, "indices") == 0;
-            if (ok) {
-                held++;
-                ok = get(PySequence_Fast_GET_ITEM(arrays, 1), &views[held], 0, 4, "values") == 0;
-            }
-            if (ok) {
-                held++;
-                u[s].idx = views[held - 2].buf; u[s].vals = views[held - 1].buf; u[s].kind = 2;
-                u[s].m = views[held - 2].len / 4;
-                if (views[held - 1].len / 4 != u[s].m) {
-                    PyErr_SetString(PyExc_ValueError, "gaia_add_rows: indices and values differ in length"); ok = 0;
-                }
-                for (Py_ssize_t i = 0; ok && i < u[s].m; i++)
-                    if (u[s].idx[i] < 0 || u[s].idx[i] >= n) {
-                        PyErr_Format(PyExc_IndexError, "gaia_add_rows: index %d out of range for %zd parameters",
-                                     (int)u[s].idx[i], n);
-                        ok = 0;
-                    }
-            }
-        } else if (k != 0) {
-            PyErr_SetString(PyExc_ValueError, "gaia_add_rows: an update has 0, 1 or 2 arrays");
-            ok = 0;
-        }
-        Py_DECREF(arrays);
-        if (!ok) goto done;
-    }
-    float *W = (float *)bw.buf;
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t r = 0; r < h; r++) {
-        float *w = W + r * n;
-        for (Py_ssize_t s = 0; s < P; s++) {
-            if (s == start + r || u[s].kind == 0) continue;
-            const float *vals = u[s].vals;
-            if (u[s].kind == 1) {
-                for (Py_ssize_t j = 0; j < n; j++) w[j] += vals[j];
-            } else {
-                const int32_t *idx = u[s].idx;
-                for (Py_ssize_t i = 0; i < u[s].m; i++) w[idx[i]] += vals[i];
-            }
-        }
-    }
-    Py_END_ALLOW_THREADS
-    Py_INCREF(Py_None);
-    result = Py_None;
-done:
-    for (Py_ssize_t i = 0; i < held; i++) PyBuffer_Release(&views[i]);
-    PyMem_Free(views); PyMem_Free(u);
-    PyBuffer_Release(&bw);
-    Py_DECREF(seq);
     return result;
 }
 
@@ -523,7 +426,6 @@ static PyObject *lrn_mean_backward(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"gaia_select", gaia_select, METH_VARARGS, "Gaia's fused significance selection (see geodml/_kernels.c)."},
     {"abs_ge_indices", abs_ge_indices, METH_VARARGS, "Indices with |v| >= threshold (see geodml/_kernels.c)."},
-    {"gaia_add_rows", gaia_add_rows, METH_VARARGS, "Gaia's received updates added to a pool's rows (see geodml/_kernels.c)."},
     {"lrn_mean", lrn_mean, METH_VARARGS, "local_response_norm's channel-window mean, forward (see geodml/_kernels.c)."},
     {"lrn_mean_backward", lrn_mean_backward, METH_VARARGS, "Its backward (see geodml/_kernels.c)."},
     {"max_pool2d", max_pool2d, METH_VARARGS, "max_pool2d's CPU forward, NCHW float32, branch-free (see geodml/_kernels.c)."},

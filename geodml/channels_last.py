@@ -18,7 +18,7 @@ scales) is the model's own tensor, a view into the flat buffer, so the large ful
 layers are never copied and their gradients land in ``FlatParams.grad`` directly. The twin also
 shares the model's buffers (BatchNorm running statistics, BatchReNorm's step count: the same
 tensor objects), so the running statistics are updated once, in the tensors the evaluation and
-the pool engine's state read, and it follows the model's train/eval mode.
+the engine's partition state read, and it follows the model's train/eval mode.
 
 Contract: ``local_gradient`` with a twin leaves in ``flat.grad`` the gradient of the same loss at
 the same weights, computed with other kernels: equal to float32 rounding (~1e-6 relative; the

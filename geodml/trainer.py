@@ -369,7 +369,8 @@ class Trainer:
         lr = learning_rate(self.optim, step, self.spe, self.total_steps)
         work = self.algo.work
         if not work.computes(step):
-            self.flat.zero_grad()
+            if self.algo.idle_steps_read_grad:
+                self.flat.zero_grad()
             self._check_divergence(step)
             self.algo.step(step, lr)
             return lr
@@ -504,9 +505,13 @@ class Trainer:
         n = len(self.test_y)
         return float(t[0] / n), float(t[1] / n)
 
-    def global_state_dict(self) -> dict:
-        """The global model's state_dict (call on every rank: it uses collectives)."""
+    def global_state_dict(self, *, keep: bool = True) -> dict:
+        """The global model's state_dict (call on every rank: it uses collectives); ``keep=False``: take
+        part in the collectives and return ``{}`` (the ranks that do not write model.pt: a process
+        hosting 1,000 partitions copied the model 1,000 times for one file)."""
         with self._global_model():
+            if not keep:
+                return {}
             return {k: v.detach().clone().cpu() for k, v in self.model.state_dict().items()}
 
     def _finish(self, lr: float) -> dict:

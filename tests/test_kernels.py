@@ -105,26 +105,6 @@ def test_abs_ge_indices_matches_numpy_with_ties():
 
 
 @needs_ext
-def test_gaia_add_rows_refuses_bad_updates_before_writing():
-    rows = np.zeros((2, 8), dtype=np.float32)
-    ok = [np.array([1, 2], dtype=np.int32), np.ones(2, dtype=np.float32)]
-    bad = [
-        ([ok, [np.array([8], dtype=np.int32), np.ones(1, dtype=np.float32)], ok], IndexError, "index 8 out of range"),
-        ([ok, ok, [np.array([-1], dtype=np.int32), np.ones(1, dtype=np.float32)]], IndexError, "index -1"),
-        ([ok, ok, [np.ones(7, dtype=np.float32)]], ValueError, "n values"),
-        ([ok, ok, [np.array([1], dtype=np.int32), np.ones(2, dtype=np.float32)]], ValueError, "differ in length"),
-        ([ok, ok, [np.ones(8, dtype=np.float64)]], ValueError, "4-byte"),
-        ([ok, ok], ValueError, "start \\+ h"),
-    ]
-    for updates, err, msg in bad:
-        with pytest.raises(err, match=msg):
-            kernels.compiled.gaia_add_rows(rows, 1, updates)
-        assert not rows.any()
-    kernels.compiled.gaia_add_rows(rows, 1, [ok, [], ok])   # row 0 is partition 1: gets 0's and 2's
-    assert rows[0].tolist() == [0, 2, 2, 0, 0, 0, 0, 0] and rows[1].tolist() == [0, 1, 1, 0, 0, 0, 0, 0]
-
-
-@needs_ext
 def test_bad_buffers_are_errors_not_crashes():
     v = np.zeros(8, dtype=np.float32)
     with pytest.raises(ValueError, match="at least N"):

@@ -120,12 +120,18 @@ class FedAvg(Algorithm):
     self_normalized_weights = False
     # Scalars a variant appends to the averaged message (FedNova: its share of tau_eff).
     wire_extra = 0
+    # A partition that does not compute at a step (not selected, or done with its local steps) runs
+    # no hook that reads the gradient (local_update is skipped; the average reads weights).
+    idle_steps_read_grad = False
 
     def __init__(self, *, flat: FlatParams, comm: Comm, momentum: float, ctx: AlgoContext, iter_local: int = 20,
                  reset_momentum: bool = False, client_fraction: float = 1.0, local_epochs: float = 0.0) -> None:
         """Hyper-parameters as RunConfig validated them (--iter-local >= 1, --client-fraction in (0, 1],
         --local-epochs >= 0; 0: every participant takes Iter_Local steps)."""
-        super().__init__(flat=flat, comm=comm, momentum=momentum, ctx=ctx)
+        # --reset-momentum: u^k matters only within a round it takes part in: a leased buffer then (zeroed at
+        # the round's start), a zero tensor the process's partitions share (never written) otherwise
+        idle_u = ctx.shared.tensor("fedavg.idle_u", flat.data, torch.Tensor.zero_) if reset_momentum else None
+        super().__init__(flat=flat, comm=comm, momentum=momentum, ctx=ctx, momentum_buffer=idle_u)
         # hyper-parameters
         self.iter_local = int(iter_local)
         self.local_epochs = float(local_epochs)
@@ -138,10 +144,7 @@ class FedAvg(Algorithm):
         if len(self.sizes) != ctx.world_size:
             raise ValueError(f"label_counts has {len(self.sizes)} rows for {ctx.world_size} partitions")
         if self.reset_momentum:
-            # u^k matters only within a round it takes part in: a leased buffer then (zeroed at the round's
-            # start), a zero tensor the process's partitions share (never written) otherwise
-            self._idle_u = ctx.shared.tensor("fedavg.idle_u", flat.data, torch.Tensor.zero_)
-            self.u = self._idle_u
+            self._idle_u = self.u
         # internal state: preallocated flat buffers (docs/design.md rule 12)
         n = flat.numel
         self.nbuf = sum(b.numel() for b in flat.float_buffers)

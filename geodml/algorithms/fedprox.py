@@ -20,7 +20,8 @@ class FedProx(FedAvg):
     def __init__(self, *, prox_mu: float, **kw: Any) -> None:
         """mu >= 0, as RunConfig validated it."""
         self.prox_mu = float(prox_mu)
-        self._prox = torch.empty_like(kw["flat"].data)    # scratch for w - w_t, preallocated
+        flat = kw["flat"]   # w - w_t: scratch shared by the process's partitions (used within one turn)
+        self._prox = kw["ctx"].shared.scratch("fedprox.prox", flat.numel, flat.data.dtype, flat.data.device)
         super().__init__(**kw)
 
     def before_step(self, step: int, lr: float) -> None:

@@ -118,7 +118,7 @@ class LeNet(nn.Module):
                  group_size: int | None = None, groups: int | None = None,
                  brn: BatchReNormSchedule | None = None, input_scale: float = 1.0) -> None:
         super().__init__()
-        self.input_scale = float(input_scale)  # a constant, not state: no buffer (the pool takes buffer-free models)
+        self.input_scale = float(input_scale)  # a constant, not state: no buffer to carry per partition
         if norm not in MODEL_NORMS["lenet"]:
             raise ValueError(f"lenet: unknown norm {norm!r}; choose one of {', '.join(MODEL_NORMS['lenet'])}")
         h, w = lenet_geometry(height, width)

@@ -66,7 +66,7 @@ classification" (Hsu et al. 2019):
   over ``--curve-points`` equally spaced round budgets.
 * The FedAvg-without-FedVC runs are evaluated only at round ends: geodml evaluates a run mid-round
   as the average of every partition's current weights (stale and half-trained ones included;
-  geodml/pool.py), which is no model of the server. Their rounds have unequal lengths, so the study
+  geodml/trainer.py), which is no model of the server. Their rounds have unequal lengths, so the study
   computes each seed's population and round lengths from geodml's own code
   (geodml.compose.load_and_partition, FedAvg.select_partitions / local_steps_of): one run per algorithm
   and seed lasts the longest budget and is evaluated exactly at every budget's round end
@@ -264,7 +264,7 @@ def _base_parser(name: str, description: str) -> _Parser:
     p.add_argument("--seeds", type=seed_list, help="populations and initializations (default: quick 0, full 0,1,2)")
     p.add_argument("--processes", type=int, default=1,
                    help="processes R hosting each run's 100 partitions (results do not depend on R; 1 is the cheapest: "
-                        "the pool engine, one core per run; use --jobs for parallelism)")
+                        "one engine in one process, one core per run; use --jobs for parallelism)")
     p.add_argument("--jobs", type=int, default=1, help="runs at a time")
     p.add_argument("--run-timeout", type=float, default=12 * 3600.0, help="seconds before a run is killed and reported")
     p.add_argument("--out", help=f"study directory (default runs/study-{name}-DATASET-BUDGET)")

@@ -36,6 +36,9 @@ MEASURED_METRICS = ("wall_s", "emulated_s")
 """metrics.jsonl fields that depend on the clock."""
 MEASURED_CONFIG = ("engine", "host")
 """config.json fields that name the machine or the engine, not the run."""
+ADDED_OPTIONS = {"plugin": None, "tensorboard": None}
+"""Options added after the records were made (issue 66: a plugin's options, --tensorboard), with their
+defaults: a run that leaves them there is compared without them (one that does not keeps them, and differs)."""
 REMOVED_OPTIONS = ("engine", "vmap", "partition_scores", "processes")
 """Options of the run configuration that the one-engine change removed (``--engine``, ``--vmap``): not
 compared (they changed nothing in a run's results; the runs of the matrix left them at their defaults);

@@ -25,6 +25,7 @@ from tests.golden.cells import (
     MEASURED_CONFIG,
     MEASURED_METRICS,
     MEASURED_SUMMARY,
+    ADDED_OPTIONS,
     REMOVED_OPTIONS,
     Cell,
 )
@@ -79,8 +80,12 @@ def extract(out: Path) -> dict:
 def normalize(record: dict) -> dict:
     """``record`` without the options that no longer exist (REMOVED_OPTIONS): a stored record and a new
     run compare on what both have."""
+    config = record["config"].get("config", {})
     for k in REMOVED_OPTIONS:
-        record["config"].get("config", {}).pop(k, None)
+        config.pop(k, None)
+    for k, default in ADDED_OPTIONS.items():
+        if k in config and config[k] == default:
+            config.pop(k)
     return record
 
 
