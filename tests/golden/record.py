@@ -19,13 +19,13 @@ import tempfile
 from pathlib import Path
 
 from tests.golden.cells import (
+    ADDED_OPTIONS,
     BY_NAME,
     CELLS,
     KERNEL_ENV,
     MEASURED_CONFIG,
     MEASURED_METRICS,
     MEASURED_SUMMARY,
-    ADDED_OPTIONS,
     REMOVED_OPTIONS,
     Cell,
 )
