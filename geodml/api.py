@@ -78,8 +78,8 @@ def config_from(config: RunConfig | Mapping[str, Any] | Sequence[str]) -> RunCon
 
 def run(config: RunConfig | Mapping[str, Any] | Sequence[str]) -> RunResult:
     """Run one training job in this process and return its result (module docstring)."""
-    from geodml.compose import preflight
     from geodml.compose import run as run_job
+    from geodml.preflight import preflight
     from geodml.rundir import METRICS, SUMMARY
     from geodml.runtime import Env, default_out_dir
 

@@ -268,8 +268,9 @@ def main(argv: list[str] | None = None, *, spawn: bool = False) -> int:
     missing at start-up or lost later (geodml.peerwatch.PEER_LOST_EXIT). ``spawn`` (``python -m
     geodml``): outside torchrun, a run of several partitions starts ``--processes`` local ranks
     (geodml.engine.launcher) after its input passed the preflight, and returns their exit code."""
-    from geodml.compose import InputError, preflight, run
+    from geodml.compose import InputError, run
     from geodml.peerwatch import PEER_LOST_EXIT
+    from geodml.preflight import preflight
     from geodml.rundir import RunFinished
     from geodml.runtime import Env, StartupError
     try:

@@ -872,8 +872,14 @@ def _fields_as_options(section: str | None, cls: type, *, group: str, algos: tup
             raise ValueError(f"{flag}: a switch that turns {f.name} off is spelled --no-... (give flag=)")
         dest = (flag.removeprefix("--no-") if off_switch else flag.removeprefix("--")).replace("-", "_")
         default = f.default if f.default is not dataclasses.MISSING else None
+        if m["group"]:
+            help_group = m["group"]
+        elif m["algos"] and plugin_class is None:   # --help groups an algorithm's own options under it
+            help_group = f"{group} {'/'.join(m['algos'])}"
+        else:
+            help_group = group
         out.append(Option(section=section, name=f.name, flag=flag, dest=dest, kind=kind, default=default,
-                          help=m["help"], group=m["group"] or group, choices=m["choices"],
+                          help=m["help"], group=help_group, choices=m["choices"],
                           algos=m["algos"] or algos, norms=m["norms"], metavar=m["metavar"],
                           default_text=m["default_text"], plugin_class=plugin_class))
     return out

@@ -240,9 +240,8 @@ def _rank0_sinks(cfg: RunConfig, out: Path, total_steps: int) -> Sink:
     if cfg.progress:
         sinks.append(ConsoleProgress(total_steps))
     if cfg.tensorboard:
-        from geodml.engine import tensorboard_dir
-        from geodml.metrics.tensorboard import TensorBoardSink
-        sinks.append(TensorBoardSink(tensorboard_dir(cfg, out)))
+        from geodml.metrics.tensorboard import TensorBoardSink, run_log_dir
+        sinks.append(TensorBoardSink(run_log_dir(cfg.tensorboard, out)))
     return MultiSink(sinks)
 
 

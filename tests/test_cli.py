@@ -276,3 +276,19 @@ def test_registries_are_defined_once_and_agree():
     assert set(REGISTRY) == set(ALGOS)
     assert set(KNOB_ALGOS) == {name for name in ALGOS if algorithm_factory(name).KNOB is not None}
     assert all(set(o.algos) <= set(ALGOS) for o in OPTIONS)
+
+
+def test_help_groups_each_algorithms_options_under_it():
+    from geodml.cli import build_parser
+    text = build_parser().format_help()
+    sections = {}
+    current = None
+    for line in text.splitlines():
+        if line and not line.startswith(" ") and line.endswith(":"):
+            current = line[:-1]
+            sections[current] = []
+        elif current and line.strip().startswith("--"):
+            sections[current].append(line.split()[0])
+    assert "--t0" in sections["algorithm gaia"] and "--sparsity" in sections["algorithm dgc"]
+    assert "--iter-local" in sections["algorithm fedavg"] and "--prox-mu" in sections["algorithm fedavg"]
+    assert sections["algorithm"] == ["--algo"]

@@ -60,7 +60,7 @@ def test_hosted_partitions_go_to_a_gpu_only_with_device_cuda(monkeypatch, tmp_pa
     auto takes the GPU, as before. P > R: only --device cuda does (NCCL when each process has its
     own GPU, gloo when processes share one); auto keeps hosted partitions on the CPU."""
     from geodml.cli import parse_config
-    from geodml.compose import hosting_device, preflight
+    from geodml.preflight import hosting_device, preflight
     from geodml.runtime import Env
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

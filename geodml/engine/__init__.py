@@ -197,11 +197,6 @@ class ModelFiles:
             shutil.copyfile(first, path)
 
 
-def tensorboard_dir(cfg: RunConfig, out: Path) -> Path:
-    """Where ``--tensorboard DIR`` puts this run's event files: DIR/<run directory name>."""
-    return Path(str(cfg.tensorboard)) / Path(out).resolve().name
-
-
 def finish_partition(cfg: RunConfig, env: Env, parts: Parts, result: dict, *, wall_t0: float,
                      startup: Startup, model_files: ModelFiles | None = None) -> dict | None:
     """Totals (uncharged bookkeeping) and the run directory; the summary on rank 0."""
@@ -230,8 +225,8 @@ def finish_partition(cfg: RunConfig, env: Env, parts: Parts, result: dict, *, wa
                                   skewscout=parts.skewscout.summary() if parts.skewscout is not None else {})
     rundir.save_torch(out / rundir.MODEL, global_sd)
     if cfg.tensorboard:   # after metrics.jsonl, before summary.json (written last: "finished")
-        from geodml.metrics.tensorboard import write_summary_events
-        write_summary_events(tensorboard_dir(cfg, out), summary)
+        from geodml.metrics.tensorboard import run_log_dir, write_summary_events
+        write_summary_events(run_log_dir(cfg.tensorboard, out), summary)
     rundir.write_json(out / rundir.SUMMARY, summary)
     print(rundir.done_text(summary, out), flush=True)
     return summary

@@ -33,6 +33,11 @@ _AXES = ("step", "epoch")
 """Record keys that are axes, not series."""
 
 
+def run_log_dir(root: str, out: Path) -> Path:
+    """Where ``--tensorboard ROOT`` puts the events of the run in ``out``: ROOT/<run directory name>."""
+    return Path(root) / Path(out).resolve().name
+
+
 def require_tensorboard() -> None:
     """ValueError naming the fix when the tensorboard package is missing (checked before a run starts)."""
     try:

@@ -68,7 +68,7 @@ classification" (Hsu et al. 2019):
   as the average of every partition's current weights (stale and half-trained ones included;
   geodml/trainer.py), which is no model of the server. Their rounds have unequal lengths, so the study
   computes each seed's population and round lengths from geodml's own code
-  (geodml.compose.load_and_partition, FedAvg.select_partitions / local_steps_of): one run per algorithm
+  (geodml.preflight.load_and_partition, FedAvg.select_partitions / local_steps_of): one run per algorithm
   and seed lasts the longest budget and is evaluated exactly at every budget's round end
   (``--eval-at``). FedVC rounds are ceil(256/64) = 4 steps, so one run per seed, evaluated at
   multiples of 4 steps, serves every budget.
@@ -1228,9 +1228,9 @@ def population_flags(args: argparse.Namespace) -> list[str]:
 
 def population_sizes(args: argparse.Namespace, seed: int) -> np.ndarray:
     """The imbalanced population's client sizes for ``seed``, computed as every run of it computes them
-    (geodml.compose.load_and_partition: the dataset and the seeded partitioner)."""
+    (geodml.preflight.load_and_partition: the dataset and the seeded partitioner)."""
     from geodml.cli import parse_config
-    from geodml.compose import load_and_partition
+    from geodml.preflight import load_and_partition
     cfg = parse_config([*base_flags(args, seed), *population_flags(args), "--data-cache", "off"])
     _, parts = load_and_partition(cfg, args.protocol.clients)
     return np.array([len(x) for x in parts], dtype=np.int64)

@@ -182,7 +182,7 @@ def validate_spec(spec: RunSpec) -> None:
     (resume_step decides), so its directory and checkpoint flags are not checked as an ``--out``:
     the preflight would refuse its leftovers, and ``--checkpoint-every`` without ``--out``."""
     from geodml.cli import parse_config
-    from geodml.compose import preflight
+    from geodml.preflight import preflight
     from geodml.runtime import Env
     check_reusable(spec)
     if read_summary(spec.out) is not None:
