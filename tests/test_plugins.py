@@ -434,3 +434,8 @@ def test_tensorboard_flag_without_the_package_is_one_clear_error(tmp_path, monke
     with pytest.raises(geodml.InputError, match=r"--tensorboard needs the tensorboard package .*pip install tensorboard"):
         geodml.run([*SMALL, "--out", str(tmp_path / "x"), "--tensorboard", str(tmp_path / "tb")])
     assert not (tmp_path / "x").exists() and not (tmp_path / "tb").exists()
+
+
+def test_run_warns_about_settings_that_do_nothing_as_python_warnings(tmp_path):
+    with pytest.warns(geodml.SettingWarning, match=r"^--t0 has no effect with --algo fedavg$"):
+        geodml.run(["--algo", "fedavg", "--t0", "0.2", *SMALL, "--out", str(tmp_path / "w")])
