@@ -5,7 +5,7 @@ entry-point group ``geodml.algorithms``; geodml.plugins, docs/plugins.md). Every
 imported from here; the rest of geodml may change between versions, these names will not.
 
 **The class.** Subclass :class:`Algorithm` (vanilla momentum SGD, no communication) or one of
-geodml's algorithms (:class:`FedAvg`, :class:`BSP`, :class:`Gaia`, :class:`DGC`) and override its
+geodml's algorithms (:class:`FedAvg`, :class:`FedAvgM`, :class:`BSP`, :class:`Gaia`, :class:`DGC`) and override its
 hooks; give it a classmethod ``from_config(cfg, *, flat, comm, ctx)`` that builds it from the run's
 :class:`RunConfig` (:func:`fedavg_arguments` gives FedAvg's own constructor arguments).
 
@@ -41,6 +41,7 @@ from geodml.algorithms.base import AlgoContext, Algorithm, FlatParams, LocalWork
 from geodml.algorithms.bsp import BSP
 from geodml.algorithms.dgc import DGC
 from geodml.algorithms.fedavg import FedAvg, add_array
+from geodml.algorithms.fedavgm import FedAvgM
 from geodml.algorithms.federated import fedavg_arguments
 from geodml.algorithms.gaia import Gaia
 from geodml.algorithms.knob import Knob, KnobSpec
@@ -48,6 +49,6 @@ from geodml.algorithms.shared import ProcessShared
 from geodml.comm.api import Comm
 from geodml.config import RunConfig, opt, require
 
-__all__ = ["AlgoContext", "Algorithm", "BSP", "Comm", "DGC", "FedAvg", "FlatParams", "Gaia", "Knob", "KnobSpec",
+__all__ = ["AlgoContext", "Algorithm", "BSP", "Comm", "DGC", "FedAvg", "FedAvgM", "FlatParams", "Gaia", "Knob", "KnobSpec",
            "LocalWork", "ProcessShared", "RunConfig", "add_array", "add_sparse_array", "copy_array_into",
            "fedavg_arguments", "opt", "require"]

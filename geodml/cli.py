@@ -162,8 +162,11 @@ def ignored_settings(values: dict, algo: str, option_of: dict[str, Option] = OPT
     A plugin algorithm takes the options of the geodml algorithm it extends (geodml.config.plugin_family)."""
     from geodml.config import FEDAVG_BASE_FIELDS, plugin_family
     family = plugin_family(algo) if isinstance(algo, str) else None
+    own_iter_local = hasattr(plugin_config_class(algo) if isinstance(algo, str) else None, "iter_local")
 
     def used(o: Option) -> bool:
+        if o.name == "iter_local" and o.plugin_class is None and own_iter_local:
+            return False          # the plugin's Config has its own (DiLoCo's --inner-steps)
         if not o.algos or algo in o.algos:
             return True
         if family is None or family == algo or family not in o.algos:

@@ -42,6 +42,9 @@ PROTOTXT_MODELS = ("lenet", "resnet20")
 """The models that carry the authors' Caffe per-parameter lr_mult / decay_mult (``--param-mults prototxt``)."""
 ALGOS = ("bsp", "gaia", "dgc", "fedavg", "local")
 """Keys of geodml.algorithms.REGISTRY (tests/test_cli.py checks that they agree)."""
+API_ALGOS = tuple(plugins.builtin("algo"))
+"""geodml's algorithms written on the public plugin API (geodml.plugins.BUILTIN): their options come
+from their own ``Config`` (``cfg.plugin``), as a user's plugin's do."""
 KNOB_ALGOS = ("gaia", "fedavg", "dgc")
 """The algorithms with a communication knob SkewScout can tune."""
 BACKENDS = ("auto", "gloo", "nccl")
@@ -298,7 +301,7 @@ class AlgoConfig:
 
     GROUP: ClassVar[str] = "algorithm"
 
-    algo: str = opt("bsp", metavar="{" + ",".join(ALGOS) + "}|MODULE:CLASS",
+    algo: str = opt("bsp", metavar="{" + ",".join(ALGOS + API_ALGOS) + "}|MODULE:CLASS",
                     help="decentralized learning algorithm; local: no communication, each partition trains alone; "
                     "MODULE:CLASS or a registered name: a plugin (docs/plugins.md)")
     # Gaia (Algorithm 1)
@@ -352,7 +355,8 @@ class AlgoConfig:
 
     def __post_init__(self) -> None:
         _check(self.algo in ALGOS or plugins.is_plugin_name("algo", self.algo),
-               f"--algo: unknown algorithm {self.algo!r}; choose one of {', '.join(ALGOS)}, or a plugin MODULE:CLASS "
+               f"--algo: unknown algorithm {self.algo!r}; choose one of {', '.join(ALGOS + API_ALGOS)}, or a plugin "
+               "MODULE:CLASS "
                "(docs/plugins.md)")
         if self.algo not in ALGOS:
             factory = plugins.load("algo", self.algo)
@@ -695,6 +699,14 @@ class RunConfig:
             self.plugin = cls()
         _check(isinstance(self.plugin, cls), f"RunConfig.plugin must be a {cls.__qualname__} (the options of --algo "
                f"{self.algo.algo}), got {type(self.plugin).__name__}")
+        check = getattr(plugins.load("algo", self.algo.algo), "check_config", None)
+        if check is not None:   # the plugin's checks across sections (its own options against geodml's)
+            check(self)
+
+    def fedavg_iter_local(self) -> int:
+        """Iter_Local of a FedAvg-family run: ``--iter-local``, or the plugin's own (its Config's
+        ``iter_local``: DiLoCo's ``--inner-steps``)."""
+        return int(getattr(self.plugin, "iter_local", self.algo.iter_local))
 
     def plugin_knob(self) -> Any:
         """The KnobSpec a plugin algorithm declares (``KNOB``), or None (no plugin, or no knob)."""

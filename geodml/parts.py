@@ -226,7 +226,7 @@ def training_length(cfg: RunConfig, sizes: np.ndarray, spe: int) -> tuple[int, f
         return cfg.optim.steps or max(1, round(cfg.optim.epochs * spe)), eval_at
     from geodml.algorithms.fedavg import round_steps
     lengths = round_steps(sizes, rounds=a.rounds, seed=cfg.seed, client_fraction=a.client_fraction,
-                          batch_size=cfg.optim.batch_size, iter_local=a.iter_local, local_epochs=a.local_epochs,
+                          batch_size=cfg.optim.batch_size, iter_local=cfg.fedavg_iter_local(), local_epochs=a.local_epochs,
                           virtual_client_size=a.virtual_client_size)
     ends = np.cumsum(lengths)
     if a.eval_every_rounds:

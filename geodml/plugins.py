@@ -25,6 +25,11 @@ GROUPS = {"algo": "geodml.algorithms", "model": "geodml.models", "partition": "g
           "dataset": "geodml.datasets"}
 """The flag (without ``--``) -> the entry-point group its plugins are registered under."""
 
+BUILTIN: dict[str, dict[str, str]] = {"algo": {"diloco": "geodml.algorithms.diloco:DiLoCo"}}
+"""geodml's own algorithms written on the public plugin API (geodml.algorithm), loaded exactly as a
+package's registered plugin is (their options from their ``Config``, their ``--help`` group, their
+checks): ``--algo diloco``. They win over an installed package's name, as geodml's other names do."""
+
 _LOADED: dict[tuple[str, str], Any] = {}
 
 
@@ -38,9 +43,15 @@ def registered(flag: str) -> dict[str, importlib.metadata.EntryPoint]:
     return {ep.name: ep for ep in importlib.metadata.entry_points(group=GROUPS[flag])}
 
 
+def builtin(flag: str) -> dict[str, str]:
+    """geodml's own plugins for ``--flag`` (name -> ``MODULE:ATTRIBUTE``; :data:`BUILTIN`)."""
+    return BUILTIN.get(flag, {})
+
+
 def is_plugin_name(flag: str, name: str) -> bool:
-    """Whether ``--flag name`` names a plugin: a ``MODULE:ATTRIBUTE`` reference or a registered name."""
-    return is_reference(name) or (isinstance(name, str) and name in registered(flag))
+    """Whether ``--flag name`` names a plugin: a ``MODULE:ATTRIBUTE`` reference, one of geodml's own
+    (:data:`BUILTIN`) or a registered name."""
+    return is_reference(name) or (isinstance(name, str) and (name in builtin(flag) or name in registered(flag)))
 
 
 def load(flag: str, name: str) -> Any:
@@ -50,8 +61,8 @@ def load(flag: str, name: str) -> Any:
     key = (flag, name)
     if key in _LOADED:
         return _LOADED[key]
-    if is_reference(name):
-        module, _, attr = name.partition(":")
+    if is_reference(name) or name in builtin(flag):
+        module, _, attr = builtin(flag).get(name, name).partition(":")
         where = f"--{flag} {name}"
         target = None
     else:

@@ -305,6 +305,8 @@ class Trainer:
         self.rank, self.world_size = comm.rank, comm.world_size
         self.eval_cache = eval_cache  # shared by the partitions of one process (geodml.compose hosts them)
         self.model, self.flat, self.algo, self.comm, self.optim = model, flat, algo, comm, schedule.optim
+        if not algo.l2_in_gradient:  # the algorithm applies --weight-decay itself (Algorithm.l2_in_gradient)
+            self.optim = dataclasses.replace(schedule.optim, weight_decay=0.0)
         self.train_x, self.train_y, self.test_x, self.test_y = data.train_x, data.train_y, data.test_x, data.test_y
         self.own_eval_indices = None if data.own_eval_indices is None else data.own_eval_indices.to(data.test_x.device)
         self.sampler = BatchSampler(data.local_indices, schedule.optim.batch_size, schedule.seed, self.rank,

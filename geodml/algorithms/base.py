@@ -295,6 +295,13 @@ class Algorithm:
 
     # ---- what the trainer reads --------------------------------------------------------
     @property
+    def l2_in_gradient(self) -> bool:
+        """Whether the trainer adds ``--weight-decay`` to the gradient as L2 before the hooks (Caffe's
+        Regularize: every algorithm of Quagmire Appendix A). False: the algorithm decays the weights
+        itself (DiLoCo's inner AdamW: decoupled, Loshchilov & Hutter 2019)."""
+        return True
+
+    @property
     def models_agree(self) -> bool:
         """True when every partition holds the same weights (the local model IS the global one)."""
         return True

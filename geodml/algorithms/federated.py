@@ -62,10 +62,11 @@ def variant_class(*, fedavgm: bool = False, fedprox: bool = False, fedir: bool =
 
 def fedavg_arguments(cfg: RunConfig, *, flat: FlatParams, comm: Comm, ctx: AlgoContext) -> dict[str, Any]:
     """The keyword arguments of plain FedAvg's constructor from a (validated) config: the parameters,
-    Comm and context, the local momentum, --iter-local, --reset-momentum, --client-fraction and
-    --local-epochs. A plugin that extends FedAvg builds itself with them (docs/plugins.md)."""
+    Comm and context, the local momentum, --iter-local (or the plugin Config's ``iter_local``: DiLoCo's H),
+    --reset-momentum, --client-fraction and --local-epochs. A plugin that extends FedAvg builds itself
+    with them (docs/plugins.md)."""
     a = cfg.algo
-    return dict(flat=flat, comm=comm, momentum=cfg.optim.momentum, ctx=ctx, iter_local=a.iter_local,
+    return dict(flat=flat, comm=comm, momentum=cfg.optim.momentum, ctx=ctx, iter_local=cfg.fedavg_iter_local(),
                 reset_momentum=a.reset_momentum, client_fraction=a.client_fraction, local_epochs=a.local_epochs)
 
 
