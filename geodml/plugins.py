@@ -25,7 +25,13 @@ GROUPS = {"algo": "geodml.algorithms", "model": "geodml.models", "partition": "g
           "dataset": "geodml.datasets"}
 """The flag (without ``--``) -> the entry-point group its plugins are registered under."""
 
-BUILTIN: dict[str, dict[str, str]] = {"algo": {"diloco": "geodml.algorithms.diloco:DiLoCo"}}
+BUILTIN: dict[str, dict[str, str]] = {"algo": {
+    "diloco": "geodml.algorithms.diloco:DiLoCo",
+    "streaming-diloco": "geodml.algorithms.streaming_diloco:StreamingDiLoCo",
+    "gossip": "geodml.algorithms.gossip:Gossip",
+    "hierfavg": "geodml.algorithms.hierfavg:HierFAVG",
+    "scaffold": "geodml.algorithms.scaffold:Scaffold",
+}}
 """geodml's own algorithms written on the public plugin API (geodml.algorithm), loaded exactly as a
 package's registered plugin is (their options from their ``Config``, their ``--help`` group, their
 checks): ``--algo diloco``. They win over an installed package's name, as geodml's other names do."""

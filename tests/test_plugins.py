@@ -17,6 +17,7 @@ import torch
 import geodml
 from geodml import plugins
 from geodml.cli import parse_config
+from geodml.config import API_ALGOS
 from tests.support.procs import run_command
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,7 +93,7 @@ def test_run_returns_summary_metrics_and_out_and_the_three_forms_agree(tmp_path)
     (["--algo", "nomodule_xyz:Thing"], "--algo nomodule_xyz:Thing: cannot import module 'nomodule_xyz'"),
     (["--algo", "topk_fedavg:NoSuch"], "--algo topk_fedavg:NoSuch: module topk_fedavg has no attribute 'NoSuch'"),
     (["--algo", "nosuchname"], "--algo: unknown algorithm 'nosuchname'; choose one of bsp, gaia, dgc, fedavg, "
-                               "local, diloco, or a plugin MODULE:CLASS"),
+                               f"local, {', '.join(API_ALGOS)}, or a plugin MODULE:CLASS"),
     (["--algo", TOPK, "--topk-fraction", "1.5"], "--topk-fraction must be in (0, 1], got 1.5"),
     (["--topk-fraction", "0.5"], "unrecognized arguments: --topk-fraction 0.5"),
     (["--processes", "2"], "--processes 2: geodml.run hosts every partition in the calling process"),
