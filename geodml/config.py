@@ -55,6 +55,8 @@ LR_SCHEDULES = ("step", "poly")
 DGC_SCOPES = ("global", "layer")
 DGC_CLIP_AT = ("gradient", "update")
 IWDS_MODES = ("reweight", "resample")
+SERVER_OPTIMIZERS = ("sgd", "adagrad", "adam", "yogi")
+"""FedAvg's server step (--server-optimizer): SGD (FedAvg / FedAvgM) or Reddi et al. 2021's adaptive ones."""
 PARTITION_SCORES = ("auto", "all")
 """``--partition-scores``: which partitions' own final models the end of a run scores."""
 SEARCHES = ("hill", "stochastic", "annealing")
@@ -328,6 +330,14 @@ class AlgoConfig:
                                  "(0: plain FedAvg)")
     server_lr: float = opt(1.0, algos=FEDAVG, help="FedAvgM server learning rate")
     server_nesterov: bool = opt(False, algos=FEDAVG, help="Nesterov server momentum (FedAvgM)")
+    server_optimizer: str = opt("sgd", algos=FEDAVG, choices=SERVER_OPTIMIZERS, help="the server step on the "
+                                "averaged update: sgd (FedAvg; FedAvgM with --server-momentum) or Reddi et al. "
+                                "2021's FedAdagrad / FedAdam / FedYogi, with --server-lr as eta, --server-betas, "
+                                "--server-tau")
+    server_betas: tuple[float, ...] = opt((0.9, 0.99), algos=FEDAVG, metavar="B1,B2", help="FedAdam/FedYogi/"
+                                          "FedAdagrad beta1,beta2 (Reddi et al.'s 0.9,0.99; Adagrad uses beta1 only)")
+    server_tau: float = opt(1e-3, algos=FEDAVG, help="FedAdam/FedYogi/FedAdagrad adaptivity tau (Reddi et al.'s "
+                            "1e-3; v starts at tau^2)")
     prox_mu: float = opt(0.0, algos=FEDAVG, help="FedProx (Li et al. 2020) proximal term weight mu (0: off)")
     fedir: bool = opt(False, algos=FEDAVG, help="FedIR (Hsu et al. 2020): importance weights p(y)/q_k(y) "
                       "on each partition's loss")
@@ -382,6 +392,15 @@ class AlgoConfig:
         _check(_finite(self.server_momentum) and 0 <= self.server_momentum < 1,
                f"--server-momentum must be in [0, 1), got {self.server_momentum!r}")
         _check(_finite(self.server_lr) and self.server_lr > 0, f"--server-lr must be > 0, got {self.server_lr!r}")
+        _check(self.server_optimizer in SERVER_OPTIMIZERS,
+               f"--server-optimizer: choose one of {', '.join(SERVER_OPTIMIZERS)}, got {self.server_optimizer!r}")
+        self.server_betas = tuple(self.server_betas)
+        _check(len(self.server_betas) == 2 and all(_finite(b) and 0 <= b < 1 for b in self.server_betas),
+               f"--server-betas takes two numbers in [0, 1) such as 0.9,0.99, got {self.server_betas!r}")
+        _check(_finite(self.server_tau) and self.server_tau > 0, f"--server-tau must be > 0, got {self.server_tau!r}")
+        _check(self.server_optimizer == "sgd" or (self.server_momentum == 0 and not self.server_nesterov),
+               f"--server-optimizer {self.server_optimizer} has its own momentum (beta1 of --server-betas); "
+               "--server-momentum and --server-nesterov are FedAvgM's (--server-optimizer sgd)")
         _check(_finite(self.prox_mu) and self.prox_mu >= 0, f"--prox-mu must be >= 0, got {self.prox_mu!r}")
         _check(isinstance(self.virtual_client_size, int) and self.virtual_client_size >= 0,
                f"--virtual-client-size must be an integer >= 0, got {self.virtual_client_size!r}")

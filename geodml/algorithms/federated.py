@@ -10,6 +10,7 @@ Which flags select which variant:
 
 * any server-optimizer setting (``--server-momentum > 0``, ``--server-lr != 1``,
   ``--server-nesterov``) -> FedAvgM (beta = 0 with server_lr != 1 is server SGD);
+* ``--server-optimizer adagrad|adam|yogi`` -> FedOpt (Reddi et al. 2021; --server-lr is its eta);
 * ``--prox-mu > 0`` -> FedProx;  ``--fedir`` -> FedIR;  ``--iwds b0,bm,rho`` -> IWDS (``--iwds-mode``:
   resample or reweight);  ``--fednova`` -> FedNova;
 * ``--virtual-client-size > 0`` -> FedVC (its round length replaces ``--iter-local``).
@@ -31,6 +32,7 @@ from geodml.algorithms.fedavg import ITER_LOCAL, FedAvg
 from geodml.algorithms.fedavgm import FedAvgM
 from geodml.algorithms.fedir import FedIR
 from geodml.algorithms.fednova import FedNova
+from geodml.algorithms.fedopt import FedOpt
 from geodml.algorithms.fedprox import FedProx
 from geodml.algorithms.fedvc import FedVC
 from geodml.algorithms.iwds import IWDS
@@ -45,13 +47,16 @@ _ITER_LOCAL_DEFAULT = AlgoConfig.__dataclass_fields__["iter_local"].default
 
 
 def variant_class(*, fedavgm: bool = False, fedprox: bool = False, fedir: bool = False, iwds: bool = False,
-                  fedvc: bool = False, fednova: bool = False) -> type[FedAvg]:
+                  fedvc: bool = False, fednova: bool = False, fedopt: bool = False) -> type[FedAvg]:
     """FedAvg with the chosen variants mixed in (cooperative subclasses; each overrides its own
-    hooks and calls ``super()``). FedIR and IWDS both set the per-class loss weights: rejected."""
+    hooks and calls ``super()``). FedIR and IWDS both set the per-class loss weights, FedAvgM and
+    FedOpt both the server step: rejected."""
     if fedir and iwds:
         raise ValueError("FedIR and IWDS both set the per-class loss weights; choose one")
+    if fedavgm and fedopt:
+        raise ValueError("FedAvgM and FedOpt are both the server step; choose one")
     chosen: list[type[FedAvg]] = [c for c, on in ((FedVC, fedvc), (FedIR, fedir), (IWDS, iwds), (FedProx, fedprox),
-                                                  (FedNova, fednova), (FedAvgM, fedavgm)) if on]
+                                                  (FedNova, fednova), (FedAvgM, fedavgm), (FedOpt, fedopt)) if on]
     if not chosen:
         return FedAvg
     if len(chosen) == 1:
@@ -76,9 +81,15 @@ def build_fedavg(cfg: RunConfig, *, flat: FlatParams, comm: Comm, ctx: AlgoConte
     if a.server_nesterov and a.server_momentum == 0:
         warnings.warn("--server-nesterov does nothing with --server-momentum 0", stacklevel=3)
     kw = fedavg_arguments(cfg, flat=flat, comm=comm, ctx=ctx)
-    server = a.server_momentum > 0 or a.server_lr != 1.0 or a.server_nesterov
+    fedopt = a.server_optimizer != "sgd"
+    server = not fedopt and (a.server_momentum > 0 or a.server_lr != 1.0 or a.server_nesterov)
     if server:
         kw.update(server_momentum=a.server_momentum, server_lr=a.server_lr, nesterov=a.server_nesterov)
+    if fedopt:
+        kw.update(server_optimizer=a.server_optimizer, server_lr=a.server_lr, server_betas=a.server_betas,
+                  server_tau=a.server_tau)
+    elif a.server_betas != (0.9, 0.99) or a.server_tau != 1e-3:
+        warnings.warn("--server-betas and --server-tau do nothing with --server-optimizer sgd", stacklevel=3)
     if a.prox_mu > 0:
         kw.update(prox_mu=a.prox_mu)
     if a.iwds is not None:
@@ -97,7 +108,7 @@ def build_fedavg(cfg: RunConfig, *, flat: FlatParams, comm: Comm, ctx: AlgoConte
             warnings.warn(f"--iter-local {a.iter_local} is ignored with --virtual-client-size: a FedVC round is "
                           f"ceil({a.virtual_client_size} / batch size) steps", stacklevel=3)
     klass = variant_class(fedavgm=server, fedprox=a.prox_mu > 0, fedir=a.fedir, iwds=a.iwds is not None,
-                          fedvc=a.virtual_client_size > 0, fednova=a.fednova)
+                          fedvc=a.virtual_client_size > 0, fednova=a.fednova, fedopt=fedopt)
     return klass(**kw)
 
 
