@@ -50,7 +50,7 @@ _NAME = re.compile(r"^ckpt-(\d{8})\.pt$")
 # RunConfig fields that change the training (a checkpoint only resumes a run with the same ones).
 _FINGERPRINT_SECTIONS = ("data", "model", "optim", "algo", "skewscout")
 _FINGERPRINT_TOP = ("seed",)
-_FINGERPRINT_COMM = ("topology", "wan", "wan_scale")
+_FINGERPRINT_COMM = ("topology", "wan", "wan_scale", "compute_s_per_step")
 _NOT_FINGERPRINTED = ("data.data_dir", "data.cache")  # where the same data lives may change between attempts
 
 

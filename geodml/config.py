@@ -526,6 +526,10 @@ class CommConfig:
     wan: str = opt("virtual", choices=WAN_MODES, help="off: count bytes; virtual: also advance an emulated clock; "
                    "real: pace sends in wall time")
     wan_scale: float = opt(1.0, help="multiply every link bandwidth by this factor (run a slow WAN faster); reported")
+    compute_s_per_step: float | None = opt(None, metavar="S", default_text="measured", help="emulate every computed "
+                                           "step's forward and backward as S seconds instead of measuring them: the "
+                                           "emulated clock (time-to-accuracy) then depends on the bytes and messages "
+                                           "alone, not on this machine's speed or load")
     bind_host: str | None = opt(None, help="address this node's ZeroMQ socket binds and advertises; "
                                 "* or 0.0.0.0 binds all interfaces",
                                 default_text="this node's address towards MASTER_ADDR, 127.0.0.1 on one machine")
@@ -542,6 +546,8 @@ class CommConfig:
         _check(_finite(self.max_message_mb) and 1 / 1024 <= self.max_message_mb <= 1 << 20,
                f"--max-message-mb must be between 0.001 (1 KiB) and 1048576 MiB, got {self.max_message_mb!r}")
         _check(_finite(self.wan_scale) and self.wan_scale > 0, f"--wan-scale must be > 0, got {self.wan_scale!r}")
+        _check(self.compute_s_per_step is None or (_finite(self.compute_s_per_step) and self.compute_s_per_step >= 0),
+               f"--compute-s-per-step must be >= 0 seconds, got {self.compute_s_per_step!r}")
         _check(_finite(self.timeout_s) and self.timeout_s > 0,
                f"--comm-timeout must be > 0 seconds, got {self.timeout_s!r}")
 

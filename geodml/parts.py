@@ -353,7 +353,8 @@ def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: 
     step_hooks = [h for h in (checkpointer, fault_hook_from_env(rank)) if h is not None]
     schedule = Schedule(optim=cfg.optim, total_steps=total_steps, steps_per_epoch=spe, eval_every=cfg.eval_every,
                         log_every=cfg.log_every, seed=cfg.seed, eval_at=eval_at,
-                        divergence_loss=cfg.reliability.divergence_loss, partition_scores=cfg.partition_scores)
+                        divergence_loss=cfg.reliability.divergence_loss, partition_scores=cfg.partition_scores,
+                        compute_s_per_step=cfg.comm.compute_s_per_step)
     trainer = Trainer(model=model, flat=flat, algo=algo, comm=comm, data=data, schedule=schedule, sink=sink,
                       skewscout=skewscout, step_hooks=step_hooks, eval_cache=eval_cache, worker=worker)
     if resume_step is not None:

@@ -247,6 +247,8 @@ class Schedule:
     partition_scores: str = "all"
     """``--partition-scores``: all: score every partition's own final model; auto: only where partitions end
     with models of their own (``Algorithm.partitions_hold_global_models`` False)."""
+    compute_s_per_step: float | None = None
+    """``--compute-s-per-step``: each computed step's emulated compute time (None: the measured time)."""
 
 
 class Minibatch(Protocol):
@@ -314,6 +316,7 @@ class Trainer:
         self.total_steps, self.spe = schedule.total_steps, schedule.steps_per_epoch
         self.eval_every, self.log_every, self.eval_at = schedule.eval_every, schedule.log_every, schedule.eval_at
         self.divergence_loss = schedule.divergence_loss
+        self.compute_s_per_step = schedule.compute_s_per_step
         self.partition_scores = schedule.partition_scores
         self.sink = sink if sink is not None else Sink()
         self.skewscout = skewscout
@@ -379,7 +382,7 @@ class Trainer:
         with _STEP_SLOTS:
             loss, correct, compute_s = local_gradient(self, work.batch_indices(step, self.sampler),
                                                       lambda labels: work.sample_weights(labels, step))
-        self.comm.advance_compute(compute_s)
+        self.comm.advance_compute(compute_s if self.compute_s_per_step is None else self.compute_s_per_step)
         s = self.state
         s.loss_sum += loss
         s.loss_count += 1

@@ -163,3 +163,16 @@ def test_real_mode_wall_time_follows_emulated_time(tmp_path):
     # rank 1's first update not before latency + serialization after rank 0 started sending (one
     # host clock; from rank 1's own start it could look early when rank 1 left the barrier late)
     assert out[1][2] - out[0][3] >= 0.03 + 50_030 / 5e6 - 0.002
+
+
+def test_compute_s_per_step_makes_the_emulated_clock_a_function_of_the_traffic(tmp_path):
+    """--compute-s-per-step S replaces the measured compute: two runs agree on every emulated second, and
+    BSP (synchronous every step) at S = 0.25 is exactly 30 x 0.25 = 7.5 s later than at S = 0 after 30 steps."""
+    import geodml
+    args = ["--algo", "bsp", "--dataset", "digits", "--partitions", "2", "--steps", "30", "--no-progress"]
+    a, b, zero = (geodml.run([*args, "--compute-s-per-step", s, "--out", str(tmp_path / name)])
+                  for s, name in (("0.25", "a"), ("0.25", "b"), ("0", "zero")))
+    assert [m["emulated_s"] for m in a.metrics] == [m["emulated_s"] for m in b.metrics]
+    assert a.summary["emulated_seconds"] == pytest.approx(zero.summary["emulated_seconds"] + 7.5, abs=1e-9)
+    with pytest.raises(geodml.InputError, match=r"--compute-s-per-step must be >= 0 seconds, got -1.0"):
+        geodml.run([*args, "--compute-s-per-step", "-1"])
