@@ -16,6 +16,9 @@
   server momentum at a fixed effective learning rate (Figures 2, 5, 6), 100 clients x 500.
 * ``hsu2020`` (geodml.study.hsu): Hsu et al. 2020, FedIR on the Dirichlet population, FedVC on imbalanced
   (Zipf-sized) clients at round and batch budgets (Table 2) and the volatility of the learning curves.
+* ``lowcomm`` (geodml.study.lowcomm): the low-communication algorithms (compressed BSP, FedOpt, SCAFFOLD,
+  DiLoCo, Streaming DiLoCo, gossip, HierFAVG) against BSP, Gaia, DGC and FedAvg under label skew, with
+  WAN bytes, peak link rate and time to accuracy over a bandwidth sweep (docs/lowcomm.md).
 * geodml.study.runner: the reusable part (launch one run, reuse finished runs, report failures).
 
 ``python -m geodml.study NAME [options]``; ``NAME --help`` shows a study's options.
@@ -27,6 +30,6 @@ STUDIES = {"oracle": "geodml.study.oracle:main", "noniid": "geodml.study.paper:n
            "skewscout": "geodml.study.skewscout:main", "iwds": "geodml.study.iwds:main",
            "vanlier": "geodml.study.vanlier:main", "hsu2019": "geodml.study.hsu:hsu2019",
            "hsu2020": "geodml.study.hsu:hsu2020", "brn": "geodml.study.paper:brn",
-           "plateau": "geodml.study.plateau:main"}
+           "plateau": "geodml.study.plateau:main", "lowcomm": "geodml.study.lowcomm:main"}
 
 __all__ = ["STUDIES"]
