@@ -96,6 +96,8 @@ def run(config: RunConfig | Mapping[str, Any] | Sequence[str]) -> RunResult:
         raise
     except ValueError as exc:
         raise InputError(str(exc)) from None
+    for message in pre.advice:
+        warnings.warn(message.removeprefix("geodml: warning: "), SettingWarning, stacklevel=2)
     run_job(cfg, env, pre)
     out = Path(cfg.out)
     summary = json.loads((out / SUMMARY).read_text())

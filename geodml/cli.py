@@ -203,6 +203,10 @@ def config_of(values: dict[str, Any], option_of: dict[str, Option], *,
     unused = ignored_norm_settings(values, norm)
     if unused and warn is not None:
         warn(f"geodml: warning: {', '.join(unused)} has no effect with --norm {norm}")
+    if algo in ("gaia", "dgc") and "lr" not in values and warn is not None:
+        warn(f"geodml: warning: --algo {algo} applies the sum of the partitions' updates: at the default --lr "
+             f"{OPTION_OF['lr'].default} its step with K partitions is up to K times BSP's at that rate; give --lr "
+             "explicitly (BSP's rate / K for the same step; README, 'Learning rate')")
     if values.get("rounds") is not None and "epochs" in values and warn is not None:
         warn("geodml: warning: --epochs has no effect with --rounds (the rounds set the training length)")
     kwargs: dict[str | None, dict[str, Any]] = {}
@@ -296,6 +300,9 @@ def main(argv: list[str] | None = None, *, spawn: bool = False) -> int:
             for m in warnings:  # (the launched ranks' rank 0 prints them otherwise)
                 print(m, file=sys.stderr)
         pre = preflight(cfg, env)  # every check that needs no process group; resolved once, handed on
+        if processes == 1 and is_rank0:
+            for m in pre.advice:
+                print(m, file=sys.stderr)
     except RunFinished as done:
         if is_rank0:
             print(f"geodml: --out {done} already holds this run, finished (summary.json): nothing to do after the "

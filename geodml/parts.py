@@ -71,6 +71,9 @@ class Preflight:
     own_eval_indices: torch.Tensor | None = None
     """The test rows each partition's own final model is scored on (``--partition-eval-examples``;
     None: all of them; geodml.trainer.partition_eval_indices)."""
+    advice: tuple[str, ...] = ()
+    """``geodml: warning:`` lines about settings that leave the run unable to measure what it prints
+    (geodml.advice); rank 0 prints them before training."""
 
     @functools.cached_property
     def report(self) -> dict:

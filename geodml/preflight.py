@@ -61,7 +61,24 @@ def preflight(cfg: RunConfig, env: Env, *, data: bool = True) -> Preflight:
     own_eval = partition_eval_indices(len(dataset.test_y), cfg.partition_eval_examples, cfg.seed)
     rundir.check_not_crashed(cfg.out, resume=resume_requested(cfg))
     return Preflight(backend=backend, topology=topology, region_of_rank=regions, dataset=dataset, partitions=parts,
-                     data_s=time.monotonic() - t0, own_eval_indices=own_eval)
+                     data_s=time.monotonic() - t0, own_eval_indices=own_eval,
+                     advice=tuple(_advice(cfg, parts, len(dataset.train_y), list(topology.regions), regions)))
+
+
+def _advice(cfg: RunConfig, parts: list[np.ndarray], num_train: int, topology_regions: list[str],
+            placed: list[str]) -> list[str]:
+    """geodml.advice's warning lines for this run, from what the preflight resolved."""
+    from geodml.advice import run_advice
+    from geodml.checkpoint import find_resume_step, fingerprint, resume_requested
+    from geodml.parts import training_length
+    from geodml.trainer import steps_per_epoch
+    sizes = np.asarray([len(p) for p in parts], dtype=np.int64)
+    total, _ = training_length(cfg, sizes, steps_per_epoch(num_train, len(parts), cfg.optim.batch_size))
+    found = None
+    if resume_requested(cfg) and cfg.out is not None:
+        found = find_resume_step(cfg.out, len(parts), fingerprint(cfg, len(parts))) is not None
+    return run_advice(cfg, total_steps=total, sizes=sizes, topology_regions=topology_regions, placed_regions=placed,
+                      resume_found=found)
 
 
 def check_partitions(cfg: RunConfig, env: Env) -> int:

@@ -250,11 +250,11 @@ def test_warns_about_options_the_algorithm_ignores(tmp_path):
     parse_config(["--t0", "0.2", "--iter-local", "5", "--lr", "0.1"], warn=said.append)
     assert said == ["geodml: warning: --t0, --iter-local has no effect with --algo bsp"]
     said.clear()
-    parse_config(["--config", str(_toml(tmp_path, "sparsity = 0.99\n")), "--algo", "gaia", "--t0", "0.2"],
-                 warn=said.append)
+    parse_config(["--config", str(_toml(tmp_path, "sparsity = 0.99\n")), "--algo", "gaia", "--t0", "0.2", "--lr",
+                  "0.004"], warn=said.append)
     assert said == ["geodml: warning: --sparsity has no effect with --algo gaia"]
     said.clear()
-    parse_config(["--algo", "dgc", "--sparsity", "0.99", "--clip-norm", "1"], warn=said.append)
+    parse_config(["--algo", "dgc", "--sparsity", "0.99", "--clip-norm", "1", "--lr", "0.004"], warn=said.append)
     assert said == []
     cfg = parse_config(["--algo", "fedavg", "--epochs", "5", "--rounds", "3"], warn=said.append)
     assert said == ["geodml: warning: --epochs has no effect with --rounds (the rounds set the training length)"]
