@@ -10,7 +10,9 @@ rank. Every flag, its type, choices, default and help come from the config datac
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
+import re
 import signal
 import sys
 import threading
@@ -28,7 +30,33 @@ class UsageError(ValueError):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # argparse would print and exit on every rank
-        raise UsageError(message)
+        raise UsageError(message + did_you_mean(message, self))
+
+
+def _close(word: str, candidates: list[str]) -> str | None:
+    """The nearest of ``candidates`` to ``word`` (difflib's ratio >= 0.6, config.did_you_mean's rule), or None."""
+    found = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def did_you_mean(message: str, parser: argparse.ArgumentParser) -> str:
+    """``" (did you mean --steps?)"`` for argparse's messages about an unknown flag or an invalid choice
+    (the nearest flag or choice by difflib's ratio, at least 0.6), else ``""``."""
+    flags = [s for a in parser._actions for s in a.option_strings if s.startswith("--")]
+    if message.startswith("unrecognized arguments: "):
+        hints = []
+        for tok in message.removeprefix("unrecognized arguments: ").split():
+            if tok.startswith("--"):
+                near = _close(tok.partition("=")[0], flags)
+                if near:
+                    hints.append(f"{tok.partition('=')[0]} -> {near}")
+        return f" (did you mean: {', '.join(hints)}?)" if hints else ""
+    m = re.search(r"argument (\S+?)(?:/\S+)?: invalid choice: '([^']*)' \(choose from (.*)\)", message)
+    if m:
+        choices = [c.strip(" '\"") for c in m.group(3).split(",")]
+        near = _close(m.group(2), choices)
+        return f" (did you mean {near}?)" if near else ""
+    return ""
 
 
 def _float_list(text: str) -> tuple[float, ...]:
@@ -149,7 +177,8 @@ def values_of(raw: dict[str, Any], option_of: dict[str, Option], *, unknown: str
     for key, value in raw.items():
         o = option_of.get(str(key).removeprefix("--").replace("-", "_"))
         if o is None:
-            raise UsageError(unknown.format(key=key))
+            near = _close(str(key).removeprefix("--").replace("_", "-"), [d.replace("_", "-") for d in option_of])
+            raise UsageError(unknown.format(key=key) + (f" (did you mean {near}?)" if near else ""))
         try:
             out[o.dest] = o.from_toml(key, list(value) if isinstance(value, tuple) else value)
         except ValueError as exc:

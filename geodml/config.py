@@ -62,6 +62,15 @@ PARTITION_SCORES = ("auto", "all")
 SEARCHES = ("hill", "stochastic", "annealing")
 
 
+def did_you_mean(word: object, choices: tuple[str, ...] | list[str]) -> str:
+    """``" (did you mean gaia?)"`` when one of ``choices`` is close to ``word`` (difflib's ratio >= 0.6), else ``""``."""
+    import difflib
+    if not isinstance(word, str):
+        return ""
+    near = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {near[0]}?)" if near else ""
+
+
 def require(cond: bool, msg: str) -> None:
     """Raise ``ValueError(msg)`` unless ``cond``: how every config check (plugins' too) refuses a value;
     ``msg`` names the flag, as the CLI prints it after ``geodml: error:``."""
@@ -138,14 +147,14 @@ class DataConfig:
                f"--data-cache must be auto, off or a directory, got {self.cache!r}")
         _check(self.dataset in DATASETS or plugins.is_plugin_name("dataset", self.dataset),
                f"--dataset: unknown dataset {self.dataset!r}; choose one of {', '.join(DATASETS)}, "
-               "or a plugin MODULE:FUNCTION")
+               f"or a plugin MODULE:FUNCTION{did_you_mean(self.dataset, DATASETS)}")
         if self.dataset not in DATASETS:
             _check(callable(plugins.load("dataset", self.dataset)),
                    f"--dataset {self.dataset}: not a function (it must return a geodml.data.Dataset or the arrays "
                    "train_x, train_y, test_x, test_y; docs/plugins.md)")
         _check(self.partition in PARTITIONS or plugins.is_plugin_name("partition", self.partition),
                f"--partition: unknown partitioner {self.partition!r}; choose one of {', '.join(PARTITIONS)}, "
-               "or a plugin MODULE:CLASS")
+               f"or a plugin MODULE:CLASS{did_you_mean(self.partition, PARTITIONS)}")
         if self.partition not in PARTITIONS:
             _check(callable(getattr(plugins.load("partition", self.partition), "split", None)),
                    f"--partition {self.partition}: has no split(labels, num_partitions, rng) method "
@@ -205,7 +214,8 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         _check(self.model in MODELS or plugins.is_plugin_name("model", self.model),
-               f"--model: unknown model {self.model!r}; choose one of {', '.join(MODELS)}, or a plugin MODULE:FUNCTION")
+               f"--model: unknown model {self.model!r}; choose one of {', '.join(MODELS)}, or a plugin MODULE:FUNCTION"
+               f"{did_you_mean(self.model, MODELS)}")
         _check(self.norm in NORMS, f"--norm: unknown normalization {self.norm!r}; choose one of {', '.join(NORMS)}")
         if self.is_plugin:
             _check(callable(plugins.load("model", self.model)),
@@ -366,8 +376,7 @@ class AlgoConfig:
     def __post_init__(self) -> None:
         _check(self.algo in ALGOS or plugins.is_plugin_name("algo", self.algo),
                f"--algo: unknown algorithm {self.algo!r}; choose one of {', '.join(ALGOS + API_ALGOS)}, or a plugin "
-               "MODULE:CLASS "
-               "(docs/plugins.md)")
+               f"MODULE:CLASS (docs/plugins.md){did_you_mean(self.algo, ALGOS + API_ALGOS)}")
         if self.algo not in ALGOS:
             factory = plugins.load("algo", self.algo)
             _check(callable(getattr(factory, "from_config", None)),

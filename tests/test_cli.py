@@ -292,3 +292,25 @@ def test_help_groups_each_algorithms_options_under_it():
     assert "--t0" in sections["algorithm gaia"] and "--sparsity" in sections["algorithm dgc"]
     assert "--iter-local" in sections["algorithm fedavg"] and "--prox-mu" in sections["algorithm fedavg"]
     assert sections["algorithm"] == ["--algo"]
+
+
+@pytest.mark.parametrize(("argv", "hint"), [
+    (["--stepz", "3"], " (did you mean: --stepz -> --steps?)"),
+    (["--stepz=3", "--lrr", "1"], " (did you mean: --stepz -> --steps, --lrr -> --lr?)"),
+    (["--wan", "virtul"], " (did you mean virtual?)"),
+    (["--algo", "gaai"], " (did you mean gaia?)"),
+    (["--partition", "labl"], " (did you mean label?)"),
+    (["--model", "lenat"], " (did you mean lenet?)"),
+])
+def test_did_you_mean(argv, hint):
+    with pytest.raises(ValueError) as err:
+        parse_config(argv)
+    assert str(err.value).endswith(hint)
+
+
+def test_did_you_mean_for_toml_keys_and_nothing_when_nothing_is_close(tmp_path):
+    with pytest.raises(UsageError, match=r"unknown key 'lr_milestone' .* \(did you mean lr-milestones\?\)$"):
+        parse_config(["--config", str(_toml(tmp_path, "lr_milestone = [1]\n"))])
+    with pytest.raises(UsageError) as err:
+        parse_config(["--zzzzqqq", "1"])
+    assert "did you mean" not in str(err.value)
