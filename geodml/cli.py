@@ -304,9 +304,7 @@ def main(argv: list[str] | None = None, *, spawn: bool = False) -> int:
     missing at start-up or lost later (geodml.peerwatch.PEER_LOST_EXIT). ``spawn`` (``python -m
     geodml``): outside torchrun, a run of several partitions starts ``--processes`` local ranks
     (geodml.engine.launcher) after its input passed the preflight, and returns their exit code."""
-    from geodml.compose import InputError, run
     from geodml.peerwatch import PEER_LOST_EXIT
-    from geodml.preflight import preflight
     from geodml.rundir import RunFinished
     from geodml.runtime import Env, StartupError
     try:
@@ -328,6 +326,7 @@ def main(argv: list[str] | None = None, *, spawn: bool = False) -> int:
         if processes == 1:
             for m in warnings:  # (the launched ranks' rank 0 prints them otherwise)
                 print(m, file=sys.stderr)
+        from geodml.preflight import preflight
         pre = preflight(cfg, env)  # every check that needs no process group; resolved once, handed on
         if processes == 1 and is_rank0:
             for m in pre.advice:
@@ -342,6 +341,7 @@ def main(argv: list[str] | None = None, *, spawn: bool = False) -> int:
     if processes > 1:
         from geodml.engine.launcher import spawn as spawn_ranks
         return spawn_ranks(sys.argv[1:] if argv is None else argv, processes)
+    from geodml.compose import InputError, run  # (torch is imported after the flags: --help stays fast)
     try:
         run(cfg, env, pre)
     except InputError as exc:  # found during set-up, after the process group exists (docs/reliability.md)

@@ -13,9 +13,11 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-import torch.distributed as dist
+if TYPE_CHECKING:  # torch is imported where it is used, so that `python -m geodml --help` does not load it
+    import torch
+    import torch.distributed as dist
 
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -69,6 +71,7 @@ def resolve_backend(requested: str, local_world_size: int = 1, device: str = "au
       node is a user error (ValueError): NCCL refuses two ranks on one GPU.
     * ``--device cuda`` without CUDA is a user error.
     """
+    import torch
     cuda = torch.cuda.is_available()
     gpus = torch.cuda.device_count() if cuda else 0
     if device == "cuda" and not cuda:
@@ -94,6 +97,7 @@ def resolve_device(backend: str, device: str, local_rank: int) -> torch.device:
     number of GPUs), so several ranks share a GPU (their collectives go through gloo on host
     copies; geodml.comm.DistComm stages them).
     """
+    import torch
     if backend == "nccl":
         return torch.device("cuda", local_rank)
     if device == "cuda":
@@ -127,6 +131,7 @@ def rendezvous(env: Env, timeout_s: float, *, poll_s: float = 0.05) -> dist.Stor
     instead (:class:`StartupError`). The store is the torchrun agent's (``TORCHELASTIC_USE_AGENT_STORE``)
     or, without an agent, one that rank 0 hosts, as env:// initialisation would. Every rank
     counts itself in under a per-attempt key (a torchrun restart starts a new count)."""
+    import torch.distributed as dist
     if not env.under_torchrun:
         return None
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
@@ -183,6 +188,8 @@ def init_process_group(env: Env, backend: str, timeout_s: float, device: str = "
                        store: dist.Store | None = None) -> torch.device:
     """Create the default process group over ``store`` (:func:`rendezvous`; None: a one-process
     world); return this rank's device (:func:`resolve_device`)."""
+    import torch
+    import torch.distributed as dist
     timeout = datetime.timedelta(seconds=timeout_s)
     dev = resolve_device(backend, device, env.local_rank)
     if dev.type == "cuda":
@@ -199,6 +206,7 @@ def init_process_group(env: Env, backend: str, timeout_s: float, device: str = "
 
 def collective_device(backend: str) -> torch.device:
     """The device torch.distributed's collectives take tensors on: this rank's GPU for nccl, else the CPU."""
+    import torch
     return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
 
 
@@ -210,6 +218,7 @@ def default_out_dir(algo: str) -> str:
 
 def agree_on_out_dir(env: Env, out: str | None, algo: str) -> Path:
     """Rank 0 picks the run directory (its clock names the default); every rank gets it."""
+    import torch.distributed as dist
     obj = [out or default_out_dir(algo)]
     if env.world_size > 1:
         dist.broadcast_object_list(obj, src=0)
@@ -221,9 +230,11 @@ def seed_everything(seed: int, rank: int) -> None:
 
     geodml's own randomness (partitioning, init, minibatch order) uses explicit generators.
     """
+    import torch
     torch.manual_seed(seed * 1_000_003 + rank)
 
 
 def destroy_process_group() -> None:
+    import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
