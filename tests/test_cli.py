@@ -314,3 +314,14 @@ def test_did_you_mean_for_toml_keys_and_nothing_when_nothing_is_close(tmp_path):
     with pytest.raises(UsageError) as err:
         parse_config(["--zzzzqqq", "1"])
     assert "did you mean" not in str(err.value)
+
+
+@pytest.mark.integration
+def test_help_does_not_import_torch():
+    """--help is the flag reference; it must not pay for torch (about 1.5 s): a fresh interpreter checks."""
+    import subprocess
+    import sys
+    code = ("import sys\nfrom geodml.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print('torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip().endswith("False"), r.stderr[-500:]
