@@ -580,6 +580,49 @@ def write_html(paths: list[str | Path], out: str | Path, *, target: float | None
     return out
 
 
+def _own_mean(summary: dict) -> float | None:
+    """The mean of the partitions' own final accuracies (the Quagmire paper's measure), when reported."""
+    per = summary.get("per_rank_val_accuracy")
+    vals = [v for v in (per.values() if isinstance(per, dict) else per or []) if isinstance(v, (int, float))]
+    return sum(vals) / len(vals) if vals else None
+
+
+def console_rows(runs: list[Run], target: float | None) -> tuple[list[str], list[list[str]]]:
+    """The console comparison (headers, rows): per run its final accuracy (the global model's, and the mean of
+    the partitions' own where it differs), WAN bytes, emulated seconds, the WAN bytes and emulated seconds of
+    its first validation at or above ``target``, and its accuracy at equal bytes: at the last validation
+    within the smallest final WAN byte count among the runs (the budget every run spent)."""
+    finals = [r.summary.get("wan_bytes_total") for r in runs if r.summary and isinstance(r.summary.get("wan_bytes_total"),
+                                                                                          (int, float))]
+    budget = min(finals) if finals else None
+    t = "-" if target is None else f"{100 * target:.1f}%"
+    headers = ["run", "algorithm", "final acc.", "partitions' own", "WAN bytes", "emulated s", f"bytes to {t}",
+               f"emulated s to {t}", "acc. at " + ("-" if budget is None else human_bytes(budget))]
+    rows = []
+    for run in runs:
+        s = run.summary or {}
+        acc = s.get("final_val_accuracy")
+        own = _own_mean(s)
+        hit = None if target is None else next((e for e in run.evals if e["val_accuracy"] >= target), None)
+        within = [e for e in run.evals if budget is not None and isinstance(e.get("wan_bytes_total"), (int, float))
+                  and e["wan_bytes_total"] <= budget]
+        rows.append([run.name, run.algo, "-" if acc is None else f"{acc:.4f}",
+                     "-" if own is None or acc is None or abs(own - acc) < 5e-5 else f"{own:.4f}",
+                     _bytes_cell(s.get("wan_bytes_total"))[0], _num(s.get("emulated_seconds"), ".1f")[0],
+                     "not reached" if hit is None else _bytes_cell(hit.get("wan_bytes_total"))[0],
+                     "not reached" if hit is None else _num(hit.get("emulated_s"), ".1f")[0],
+                     f"{within[-1]['val_accuracy']:.4f}" if within else "-"])
+    return headers, rows
+
+
+def console_table(runs: list[Run], target: float | None) -> str:
+    """:func:`console_rows` as an aligned text table, with the target's provenance on its first line."""
+    headers, rows = console_rows(runs, target)
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
+    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m geodml.report", description="Write PNG plots of geodml run directories: "
                                 "accuracy vs WAN bytes and vs emulated time (all runs on one axis), bytes per link "
@@ -590,13 +633,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="directory for the PNGs (default: the run directory for one run, "
                    "./geodml-report for several; with --html, PNGs only when --out is given)")
     p.add_argument("--html", metavar="OUT.html", help="write one self-contained HTML report (inline plots and CSS)")
-    p.add_argument("--target", type=float, help="accuracy for the bytes/time-to-accuracy table of the HTML report "
-                   "(default: 95%% of the best accuracy among the runs)")
+    p.add_argument("--target", type=float, help="accuracy for the bytes/time-to-accuracy columns of the console "
+                   "table and the HTML report (default: 95%% of the best accuracy among the runs)")
     args = p.parse_args(argv)
     if args.target is not None and not 0 < args.target <= 1:
         print(f"geodml.report: error: --target must be in (0, 1], got {args.target}", file=sys.stderr)
         return 2
     try:
+        runs, _ = load_inputs(args.runs)
+        target = args.target if args.target is not None else default_target(runs)
+        print(("target accuracy " + ("-" if target is None else f"{100 * target:.1f}%")
+               + (" (--target)" if args.target is not None else " (95% of the best, rounded down; --target sets it)")))
+        print(console_table(runs, target) + "\n")
         written: list[Path] = []
         if args.html:
             written.append(write_html(args.runs, args.html, target=args.target))

@@ -73,7 +73,9 @@ def test_python_dash_m_entry_point_writes_into_the_run_dir(tmp_path):
     r = subprocess.run([sys.executable, "-m", "geodml.report", str(run)], cwd=REPO, env=_env(), capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == [str(run / n) for n in PLOTS]  # one run: PNGs go into its directory
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("target accuracy ") and lines[3].split()[0] == "solo"   # the console comparison
+    assert lines[-len(PLOTS):] == [str(run / n) for n in PLOTS]  # one run: PNGs go into its directory
     assert all((run / n).read_bytes().startswith(PNG_MAGIC) for n in PLOTS)
 
 
@@ -143,3 +145,22 @@ def test_html_cli_errors(tmp_path, capsys):
     assert "--target must be in (0, 1]" in capsys.readouterr().err
     assert main([str(tmp_path / "nope"), "--html", str(tmp_path / "x.html")]) == 2
     assert "not a directory" in capsys.readouterr().err and not (tmp_path / "x.html").exists()
+
+
+def test_console_comparison_by_hand(tmp_path, capsys):
+    """BSP: accuracy 0.018 x step, 100 KB a step; Gaia: 0.016 x step, 3 KB a step, partitions' own 0.3 and 0.5.
+    At --target 0.5 BSP first reaches it at step 30 (3 MB, 15 emulated s), Gaia at step 40 (120 KB, 20 s). The
+    smallest final byte count is Gaia's 150 KB: BSP has no validation within it, Gaia's last (step 50) is 0.80."""
+    a = make_run(tmp_path, "bsp", "bsp", bytes_per_step=100_000, acc_gain=0.018)
+    b = make_run(tmp_path, "gaia", "gaia", bytes_per_step=3_000, acc_gain=0.016)
+    summary = json.loads((b / "summary.json").read_text())
+    (b / "summary.json").write_text(json.dumps({**summary, "per_rank_val_accuracy": [0.3, 0.5]}))
+    assert main([str(a), str(b), "--target", "0.5", "--out", str(tmp_path / "png")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "target accuracy 50.0% (--target)"
+    assert out[1].split() == ["run", "algorithm", "final", "acc.", "partitions'", "own", "WAN", "bytes", "emulated", "s",
+                              "bytes", "to", "50.0%", "emulated", "s", "to", "50.0%", "acc.", "at", "150", "KB"]
+    assert out[3].split() == ["bsp", "bsp", "0.9000", "-", "5", "MB", "-", "3", "MB", "15.0", "-"]
+    assert out[4].split() == ["gaia", "gaia", "0.8000", "0.4000", "150", "KB", "-", "120", "KB", "20.0", "0.8000"]
+    assert main([str(a), "--out", str(tmp_path / "png2")]) == 0
+    assert capsys.readouterr().out.startswith("target accuracy 85.0% (95% of the best, rounded down; --target sets it)")
