@@ -34,13 +34,14 @@ process. Never keep per-partition state in a class attribute or a module global:
 share it. Every byte between partitions goes through ``comm`` (:class:`Comm`), which charges it
 to the link between their regions; ``meta_*`` calls are the emulator's uncharged bookkeeping.
 Received arrays are read-only: copy them into your buffers (:func:`copy_array_into`) or add them
-(:func:`add_array`, :func:`add_sparse_array`).
+(:func:`add_array`, :func:`add_sparse_array`); :func:`pack_into` / :func:`unpack_from` lay a list of
+tensors (weights and float buffers) into one flat message and back.
 """
 
 from geodml.algorithms.base import AlgoContext, Algorithm, FlatParams, LocalWork, add_sparse_array, copy_array_into
 from geodml.algorithms.bsp import BSP
 from geodml.algorithms.dgc import DGC
-from geodml.algorithms.fedavg import FedAvg, add_array
+from geodml.algorithms.fedavg import FedAvg, add_array, pack_into, unpack_from
 from geodml.algorithms.fedavgm import FedAvgM
 from geodml.algorithms.federated import fedavg_arguments
 from geodml.algorithms.gaia import Gaia
@@ -51,4 +52,4 @@ from geodml.config import RunConfig, opt, require
 
 __all__ = ["AlgoContext", "Algorithm", "BSP", "Comm", "DGC", "FedAvg", "FedAvgM", "FlatParams", "Gaia", "Knob", "KnobSpec",
            "LocalWork", "ProcessShared", "RunConfig", "add_array", "add_sparse_array", "copy_array_into",
-           "fedavg_arguments", "opt", "require"]
+           "fedavg_arguments", "opt", "pack_into", "require", "unpack_from"]

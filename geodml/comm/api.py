@@ -65,6 +65,12 @@ class Comm(Protocol):
         ...
 
     @property
+    def topology(self) -> Topology | None:
+        """The topology with ``--wan-scale`` applied (None: a Comm built without one); read it,
+        do not modify (a peer graph over its links: geodml.algorithms.graphs)."""
+        ...
+
+    @property
     def ledger(self) -> Ledger:
         """What this rank has sent: bytes, messages, emulated link seconds per (src region, dst
         region, kind). Read it; only the Comm charges it."""
@@ -142,11 +148,6 @@ class Comm(Protocol):
 class RunComm(Comm, Protocol):
     """What the run (trainer, checkpoints, metrics, entry point) may use besides :class:`Comm`:
     the emulated clock, the link model, checkpoint state and shutdown."""
-
-    @property
-    def topology(self) -> Topology | None:
-        """The topology with ``--wan-scale`` applied (None: a Comm built without one)."""
-        ...
 
     @property
     def emulated_s(self) -> float:
