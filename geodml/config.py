@@ -56,6 +56,8 @@ DGC_SCOPES = ("global", "layer")
 DGC_CLIP_AT = ("gradient", "update")
 IWDS_MODES = ("reweight", "resample")
 SERVER_OPTIMIZERS = ("sgd", "adagrad", "adam", "yogi")
+COMPRESSORS = ("none", "powersgd", "qsgd", "int8", "int4")
+"""--compress: the codecs of BSP's gradient exchange and FedAvg's upload (geodml.algorithms.compressed)."""
 """FedAvg's server step (--server-optimizer): SGD (FedAvg / FedAvgM) or Reddi et al. 2021's adaptive ones."""
 PARTITION_SCORES = ("auto", "all")
 """``--partition-scores``: which partitions' own final models the end of a run scores."""
@@ -297,6 +299,7 @@ class OptimConfig:
 
 
 GAIA, DGC, FEDAVG = ("gaia",), ("dgc",), ("fedavg",)
+DENSE = ("bsp", "fedavg")
 FEDAVG_BASE_FIELDS = ("iter_local", "reset_momentum", "client_fraction", "local_epochs", "rounds", "eval_every_rounds")
 """The FedAvg options plain FedAvg itself takes (the rest select its variants): what a plugin that
 extends FedAvg receives (geodml.algorithms.federated.fedavg_arguments) and is not warned about."""
@@ -373,6 +376,14 @@ class AlgoConfig:
     eval_every_rounds: int = opt(0, algos=FEDAVG, metavar="N", help="with --rounds: also validate the global model "
                                  "after every N-th round (at the round's last step, whatever its length; 0: off)")
 
+    # compressed exchange of BSP's gradients and FedAvg's uploads (geodml.algorithms.compressed)
+    compress: str = opt("none", algos=DENSE, choices=COMPRESSORS, help="compress BSP's gradient exchange or "
+                        "FedAvg's upload: powersgd (Vogels et al. 2019, rank --compress-rank, error feedback), qsgd "
+                        "(Alistarh et al. 2017, --compress-levels), int8 / int4 (blocks of 64 with float32 scales)")
+    compress_rank: int = opt(1, algos=DENSE, metavar="R", help="PowerSGD's rank r (torch's powerSGD_hook default 1)")
+    compress_levels: int = opt(16, algos=DENSE, metavar="S", help="QSGD's levels s per sign "
+                               "(ceil(log2(2s + 1)) bits an entry)")
+
     def __post_init__(self) -> None:
         _check(self.algo in ALGOS or plugins.is_plugin_name("algo", self.algo),
                f"--algo: unknown algorithm {self.algo!r}; choose one of {', '.join(ALGOS + API_ALGOS)}, or a plugin "
@@ -438,6 +449,18 @@ class AlgoConfig:
                f"--eval-every-rounds must be an integer >= 0 (0: off), got {self.eval_every_rounds!r}")
         _check(self.eval_every_rounds == 0 or self.rounds is not None,
                "--eval-every-rounds counts the rounds of a --rounds run; give --rounds too (or --eval-every in steps)")
+        _check(self.compress in COMPRESSORS,
+               f"--compress: choose one of {', '.join(COMPRESSORS)}, got {self.compress!r}"
+               f"{did_you_mean(self.compress, COMPRESSORS)}")
+        _check(_int(self.compress_rank) and self.compress_rank >= 1,
+               f"--compress-rank must be an integer >= 1, got {self.compress_rank!r}")
+        _check(_int(self.compress_levels) and 1 <= self.compress_levels <= 2**15,
+               f"--compress-levels must be an integer in [1, 32768], got {self.compress_levels!r}")
+        _check(self.compress == "none" or self.algo in DENSE,
+               f"--compress {self.compress}: compresses BSP's gradients or FedAvg's upload; --algo {self.algo} has "
+               "its own encoding (leave --compress out)")
+        _check(not (self.compress == "powersgd" and self.client_fraction < 1),
+               "--compress powersgd all-reduces its factors over every partition; it needs --client-fraction 1")
         _check(self.rounds is None or self.eval_every_rounds <= self.rounds,
                f"--eval-every-rounds {self.eval_every_rounds} is more than the run's --rounds {self.rounds}: it would "
                f"never validate before the end; choose 1 to {self.rounds}")

@@ -13,7 +13,8 @@ Which flags select which variant:
 * ``--server-optimizer adagrad|adam|yogi`` -> FedOpt (Reddi et al. 2021; --server-lr is its eta);
 * ``--prox-mu > 0`` -> FedProx;  ``--fedir`` -> FedIR;  ``--iwds b0,bm,rho`` -> IWDS (``--iwds-mode``:
   resample or reweight);  ``--fednova`` -> FedNova;
-* ``--virtual-client-size > 0`` -> FedVC (its round length replaces ``--iter-local``).
+* ``--virtual-client-size > 0`` -> FedVC (its round length replaces ``--iter-local``);
+* ``--compress powersgd|qsgd|int8|int4`` -> CompressedUpload (the upload's encoding).
 
 ``--local-epochs E`` is no variant: it sets FedAvg's own round structure (ceil(E n_k / B) local
 steps per participant), which every variant inherits.
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from geodml.algorithms.base import AlgoContext, FlatParams
 from geodml.algorithms.fedavg import ITER_LOCAL, FedAvg
 from geodml.algorithms.fedavgm import FedAvgM
+from geodml.algorithms.fedcompress import CompressedUpload
 from geodml.algorithms.fedir import FedIR
 from geodml.algorithms.fednova import FedNova
 from geodml.algorithms.fedopt import FedOpt
@@ -47,7 +49,8 @@ _ITER_LOCAL_DEFAULT = AlgoConfig.__dataclass_fields__["iter_local"].default
 
 
 def variant_class(*, fedavgm: bool = False, fedprox: bool = False, fedir: bool = False, iwds: bool = False,
-                  fedvc: bool = False, fednova: bool = False, fedopt: bool = False) -> type[FedAvg]:
+                  fedvc: bool = False, fednova: bool = False, fedopt: bool = False,
+                  compressed: bool = False) -> type[FedAvg]:
     """FedAvg with the chosen variants mixed in (cooperative subclasses; each overrides its own
     hooks and calls ``super()``). FedIR and IWDS both set the per-class loss weights, FedAvgM and
     FedOpt both the server step: rejected."""
@@ -56,7 +59,8 @@ def variant_class(*, fedavgm: bool = False, fedprox: bool = False, fedir: bool =
     if fedavgm and fedopt:
         raise ValueError("FedAvgM and FedOpt are both the server step; choose one")
     chosen: list[type[FedAvg]] = [c for c, on in ((FedVC, fedvc), (FedIR, fedir), (IWDS, iwds), (FedProx, fedprox),
-                                                  (FedNova, fednova), (FedAvgM, fedavgm), (FedOpt, fedopt)) if on]
+                                                  (FedNova, fednova), (FedAvgM, fedavgm), (FedOpt, fedopt),
+                                                  (CompressedUpload, compressed)) if on]
     if not chosen:
         return FedAvg
     if len(chosen) == 1:
@@ -107,8 +111,11 @@ def build_fedavg(cfg: RunConfig, *, flat: FlatParams, comm: Comm, ctx: AlgoConte
         if a.iter_local != _ITER_LOCAL_DEFAULT:
             warnings.warn(f"--iter-local {a.iter_local} is ignored with --virtual-client-size: a FedVC round is "
                           f"ceil({a.virtual_client_size} / batch size) steps", stacklevel=3)
+    if a.compress != "none":
+        kw.update(compress=a.compress, compress_rank=a.compress_rank, compress_levels=a.compress_levels)
     klass = variant_class(fedavgm=server, fedprox=a.prox_mu > 0, fedir=a.fedir, iwds=a.iwds is not None,
-                          fedvc=a.virtual_client_size > 0, fednova=a.fednova, fedopt=fedopt)
+                          fedvc=a.virtual_client_size > 0, fednova=a.fednova, fedopt=fedopt,
+                          compressed=a.compress != "none")
     return klass(**kw)
 
 
