@@ -11,20 +11,28 @@ Every cell's runs on every R had to agree with each other already (the design's 
 does not change a result), so one record per cell serves every R; where today's main did not
 agree (a field below), the record keeps each R's value and the test says why.
 
-Runs are subprocesses with the CPU kernels pinned to AVX2 (``KERNEL_ENV``), so the records hold
-on any x86-64 machine with AVX2 whatever its widest vector unit (this one has AVX-512).
+Runs are subprocesses with the CPU kernels pinned to AVX2 (``KERNEL_ENV``: torch's, oneDNN's and,
+since 2026-12-03, MKL's), so the records hold on any x86-64 machine with AVX2 whatever its widest
+vector unit. The first records (torch's and oneDNN's kernels pinned, MKL not) held on the AVX-512
+machine that wrote them and differed in the last bits of every loss on an AMX (Sapphire Rapids)
+machine, and in CI; they were rewritten from the same commit c3a6901 (its code, tests/golden as of
+5af0a9e) with MKL pinned too, and today's engine reproduces them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-KERNEL_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "OMP_NUM_THREADS": "1",
-              "MKL_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2", "GEODML_POISON_SCRATCH": "1"}
-"""The environment of every golden run: torch's and oneDNN's kernels at AVX2, one thread; the engine's
-shared buffers poisoned at every switch between hosted partitions (geodml.engine.worker), so a run
-that read one across a wait would not match its record (the records were written without it: the
-engine before the change had no shared buffers to poison)."""
+KERNEL_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+              "MKL_CBWR": "AVX2", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2",
+              "GEODML_POISON_SCRATCH": "1"}
+"""The environment of every golden run: torch's, oneDNN's and MKL's kernels at AVX2 (MKL_CBWR: MKL's
+conditional numerical reproducibility, the same bits on every CPU with AVX2; without it MKL picks its
+code path by CPU generation, and records written on one generation of AVX-512 machine differed in the
+last bits of every loss on another, an AMX one), one thread; the engine's shared buffers poisoned at
+every switch between hosted partitions (geodml.engine.worker), so a run that read one across a wait
+would not match its record (the records were written without it: the engine before the change had no
+shared buffers to poison)."""
 
 BASE = ["--dataset", "digits", "--partitions", "6", "--steps", "30", "--wan", "virtual", "--no-progress",
         "--eval-every", "10", "--log-every", "5"]
@@ -36,9 +44,12 @@ MEASURED_METRICS = ("wall_s", "emulated_s")
 """metrics.jsonl fields that depend on the clock."""
 MEASURED_CONFIG = ("engine", "host")
 """config.json fields that name the machine or the engine, not the run."""
-ADDED_OPTIONS = {"plugin": None, "tensorboard": None}
-"""Options added after the records were made (issue 66: a plugin's options, --tensorboard), with their
-defaults: a run that leaves them there is compared without them (one that does not keeps them, and differs)."""
+ADDED_OPTIONS = {"plugin": None, "tensorboard": None, "algo.server_optimizer": "sgd", "algo.server_betas": [0.9, 0.99],
+                 "algo.server_tau": 0.001, "comm.compute_s_per_step": None, "algo.compress": "none",
+                 "algo.compress_rank": 1, "algo.compress_levels": 16}
+"""Options added after the records were made (issue 66: a plugin's options, --tensorboard; issue 67: FedOpt's
+server optimizer, --compute-s-per-step, --compress), with their defaults, ``section.name`` for one inside a section: a run
+that leaves them there is compared without them (one that does not keeps them, and differs)."""
 REMOVED_OPTIONS = ("engine", "vmap", "partition_scores", "processes")
 """Options of the run configuration that the one-engine change removed (``--engine``, ``--vmap``): not
 compared (they changed nothing in a run's results; the runs of the matrix left them at their defaults);

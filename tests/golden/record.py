@@ -83,9 +83,11 @@ def normalize(record: dict) -> dict:
     config = record["config"].get("config", {})
     for k in REMOVED_OPTIONS:
         config.pop(k, None)
-    for k, default in ADDED_OPTIONS.items():
-        if k in config and config[k] == default:
-            config.pop(k)
+    for name, default in ADDED_OPTIONS.items():
+        *section, k = name.split(".")
+        where = config.get(section[0], {}) if section else config
+        if k in where and where[k] == default:
+            where.pop(k)
     return record
 
 
