@@ -642,9 +642,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         runs, _ = load_inputs(args.runs)
         target = args.target if args.target is not None else default_target(runs)
-        print(("target accuracy " + ("-" if target is None else f"{100 * target:.1f}%")
-               + (" (--target)" if args.target is not None else " (95% of the best, rounded down; --target sets it)")))
-        print(console_table(runs, target) + "\n")
+        if args.out or not args.html:  # (--html alone: the page holds the table, stdout names the page only)
+            print(("target accuracy " + ("-" if target is None else f"{100 * target:.1f}%")
+                   + (" (--target)" if args.target is not None else " (95% of the best, rounded down; --target sets it)")))
+            print(console_table(runs, target) + "\n")
         written: list[Path] = []
         if args.html:
             written.append(write_html(args.runs, args.html, target=args.target))
