@@ -216,7 +216,8 @@ def partition_source(exporter: RankExporter, cfg: RunConfig, comm: RunComm, rank
     """Hosted partition ``rank``'s source in its process's exporter."""
     return exporter.add_partition(labels={"rank": rank, "region": comm.region_of_rank[rank], "algo": cfg.algo.algo,
                                           "run": out.name},
-                                  ledger_rows=comm.ledger.rows, emulated_s=lambda: float(comm.emulated_s))
+                                  ledger_rows=comm.ledger.rows, emulated_s=lambda: float(comm.emulated_s),
+                                  ledger_windows=comm.ledger.window_bytes)
 
 
 def training_length(cfg: RunConfig, sizes: np.ndarray, spe: int) -> tuple[int, frozenset[int]]:

@@ -23,6 +23,7 @@ Each quantizer has ``nbytes(n)`` (the payload of an n-vector: every byte charged
   when n m >= 2 (n + m) r', r' = min(r, n, m); the rest goes uncompressed) and
   :func:`orthogonalize_` is torch's Gram-Schmidt on the columns (with eps 1e-8 added to each norm,
   where torch's default 0 would divide a zero column by zero).
+* :class:`E3M0` (Streaming DiLoCo's 4-bit outer gradients): its own docstring.
 """
 
 from __future__ import annotations
@@ -179,5 +180,49 @@ def powersgd_nbytes(matrices: Sequence[Matrix], plain: Sequence[tuple[int, int]]
             4 * sum(m.cols * m.rank for m in matrices))
 
 
-__all__ = ["BLOCK", "BUCKET", "MIN_COMPRESSION_RATE", "BlockQuant", "Matrix", "QSGD", "orthogonalize_",
+
+class E3M0:
+    """4-bit floating point with 1 sign bit, 3 exponent bits and no mantissa (Streaming DiLoCo's outer
+    gradients, Douillard et al. 2025), per block of BLOCK entries scaled by the block's max |x| (float32;
+    the scaling is geodml's: the paper's text does not give one). Magnitude code e in 0..7: 0 is zero,
+    e >= 1 is max|x| 2^(e - 7); each entry rounds to the nearest such value (linear distance, ties up).
+    Codes as sign << 3 | e, two a byte (the first in the high nibble): 4 ceil(n / 64) + ceil(n / 2) bytes."""
+
+    def nbytes(self, n: int) -> int:
+        return 4 * math.ceil(n / BLOCK) + (n + 1) // 2
+
+    def encode(self, x: np.ndarray, out: np.ndarray) -> None:
+        n = x.size
+        nb = math.ceil(n / BLOCK)
+        padded = np.zeros(nb * BLOCK, np.float32)
+        padded[:n] = x
+        blocks = padded.reshape(nb, BLOCK)
+        scales = np.abs(blocks).max(axis=1)
+        r = (np.abs(blocks) / np.where(scales > 0, scales, np.float32(1))[:, None]).reshape(-1)[:n]
+        levels = np.float32(2.0) ** np.arange(-6, 1, dtype=np.float32)           # e = 1..7
+        cand = np.concatenate([[np.float32(0)], levels])
+        # the nearest of the 8 magnitudes: the first midpoint above r gives the code
+        mids = (cand[:-1] + cand[1:]) / np.float32(2)
+        e = np.searchsorted(mids, r, side="left").astype(np.uint8)
+        code = ((x < 0).astype(np.uint8) << 3) | e
+        if n % 2:
+            code = np.append(code, np.uint8(0))
+        out[:4 * nb] = scales.astype(np.float32).view(np.uint8)
+        out[4 * nb:] = (code[0::2] << 4) | code[1::2]
+
+    def decode_add(self, payload: np.ndarray, out: np.ndarray) -> None:
+        n = out.size
+        nb = math.ceil(n / BLOCK)
+        scales = payload[:4 * nb].view(np.float32)
+        codes = payload[4 * nb:]
+        c = np.empty(2 * codes.size, np.uint8)
+        c[0::2], c[1::2] = codes >> 4, codes & 0x0F
+        c = c[:n]
+        e = (c & 0x7).astype(np.int32)
+        mag = np.where(e > 0, np.ldexp(np.float32(1), e - 7), np.float32(0)).astype(np.float32)
+        sign = np.where(c & 0x8, np.float32(-1), np.float32(1))
+        out += sign * mag * np.repeat(scales, BLOCK)[:n]
+
+
+__all__ = ["BLOCK", "BUCKET", "MIN_COMPRESSION_RATE", "BlockQuant", "E3M0", "Matrix", "QSGD", "orthogonalize_",
            "powersgd_layout", "powersgd_nbytes"]

@@ -116,9 +116,15 @@ class DiLoCo(FedAvgM):
         if c.inner_optimizer == "adamw" and cfg.optim.momentum != 0.9:
             warnings.warn("--momentum does nothing with --inner-optimizer adamw (its betas are --adam-betas)",
                           stacklevel=2)
-        return cls(inner_optimizer=c.inner_optimizer, outer_lr=c.outer_lr, outer_momentum=c.outer_momentum,
-                   adam_betas=c.adam_betas, adam_eps=c.adam_eps, weight_decay=cfg.optim.weight_decay,
-                   **fedavg_arguments(cfg, flat=flat, comm=comm, ctx=ctx))
+        return cls(**cls.diloco_arguments(cfg, flat=flat, comm=comm, ctx=ctx))
+
+    @staticmethod
+    def diloco_arguments(cfg: RunConfig, *, flat: FlatParams, comm: Comm, ctx: AlgoContext) -> dict[str, Any]:
+        """DiLoCo's constructor arguments from a validated config (a subclass adds its own)."""
+        c = cfg.plugin
+        return dict(inner_optimizer=c.inner_optimizer, outer_lr=c.outer_lr, outer_momentum=c.outer_momentum,
+                    adam_betas=c.adam_betas, adam_eps=c.adam_eps, weight_decay=cfg.optim.weight_decay,
+                    **fedavg_arguments(cfg, flat=flat, comm=comm, ctx=ctx))
 
     def __init__(self, *, inner_optimizer: str = "adamw", outer_lr: float = 0.7, outer_momentum: float = 0.9,
                  adam_betas: tuple[float, ...] = (0.9, 0.999), adam_eps: float = 1e-8, weight_decay: float = 0.0,

@@ -85,6 +85,7 @@ class ChargedComm(ABC):
             links = rank_links(self.topology, self.region_of_rank)
         self._links = links  # [src][dst]; shared by the ranks of an in-process group (built once, by region)
         self._pacing = LinkPacing(wan, self._links[rank] if self._links is not None else NoLinks(world_size))
+        self._windows_next: list[tuple[int, int, float]] = []   # a collective's (dst, bytes, spread s), placed at its start
         self._closed = False
         self._others: tuple[int, ...] | None = None  # every other rank (send_to_all), built on first use
 
@@ -132,6 +133,8 @@ class ChargedComm(ABC):
             duration = ring_allreduce_duration_s(tensor.numel(), es, ring)
             link_s = sum(ring[self.rank].transfer_s(n * es) for n in sent)
         self.ledger.charge((self.rank + 1) % k, kind, sum(sent) * es, messages=len(sent), emulated_s=link_s)
+        if self._timed:
+            self._windows_next.append(((self.rank + 1) % k, sum(sent) * es, duration))
         return duration
 
     def broadcast(self, tensor: torch.Tensor, src: int, kind: str) -> None:
@@ -154,6 +157,8 @@ class ChargedComm(ABC):
             for i, d in enumerate(others):
                 self.ledger.charge(d, kind, nbytes, messages=1,
                                    emulated_s=from_src[i].transfer_s(nbytes) if self._timed else 0.0)
+                if self._timed:
+                    self._windows_next.append((d, nbytes, from_src[i].transfer_s(nbytes)))
         self._collective(lambda: self._bcast(tensor, src), duration)
 
     def all_gather(self, tensor: torch.Tensor, kind: str) -> list[torch.Tensor]:
@@ -171,6 +176,8 @@ class ChargedComm(ABC):
             duration = ring_allgather_duration_s(nbytes, ring)
             link_s = (k - 1) * ring[self.rank].transfer_s(nbytes)
         self.ledger.charge((self.rank + 1) % k, kind, (k - 1) * nbytes, messages=k - 1, emulated_s=link_s)
+        if self._timed:
+            self._windows_next.append(((self.rank + 1) % k, (k - 1) * nbytes, duration))
         out: list[torch.Tensor] = []
         self._collective(lambda: out.extend(self._gather(tensor)), duration)
         return out
@@ -321,9 +328,16 @@ class ChargedComm(ABC):
             return
         # Synchronous collective: it starts when the last rank arrives (uncharged MAX of clocks).
         start_s = self._max_over_ranks(self._pacing.now_s)
+        self._place_windows(start_s)
         wall0 = time.monotonic()
         run()
         self._pacing.leave_collective(start_s, duration_s, wall0)
+
+    def _place_windows(self, start_s: float) -> None:
+        """The collective's bytes (charged before it started) into the peak-rate windows, from its start."""
+        for dst, nbytes, spread_s in self._windows_next:
+            self.ledger.record_window(dst, nbytes, start_s, spread_s)
+        self._windows_next.clear()
 
     def _prepare(self, kind: str, tensors: Sequence[torch.Tensor | np.ndarray], step: int) -> Outgoing:
         # Per message, so each check is one cheap test first (docs/performance.md, "Python per message").
@@ -347,8 +361,12 @@ class ChargedComm(ABC):
         if link_s is None:  # --wan off: bytes only
             self.ledger.charge_each(dsts, kind, nbytes)
             return
-        for (d, _, _), seconds in zip(targets, link_s):
+        links = self._links[self.rank] if self._links is not None else None
+        for (d, arrival_s, _), seconds in zip(targets, link_s):
             charge(d, kind, nbytes, messages=1, emulated_s=seconds)
+            link = links[d] if links is not None else None
+            if link is not None:      # the transfer ends one latency before it arrives
+                self.ledger.record_window(d, nbytes, arrival_s - link.latency_s - seconds, seconds)
 
     def _check_closed(self) -> None:
         if self._closed:

@@ -507,6 +507,7 @@ class InProcessComm(ChargedComm):
         finally:
             self._arrival_s = None
         start_s, wall0 = g._clock_result
+        self._place_windows(start_s)
         self._pacing.leave_collective(start_s, duration_s, wall0, sleep=hub.sleep)
 
     def _reduce(self, tensor: torch.Tensor) -> None:

@@ -14,7 +14,7 @@ FedAvg deltas), ``model`` (whole models), ``travel`` (SkewScout model traveling)
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 KINDS = ("gradient", "update", "model", "travel", "control")
@@ -27,13 +27,20 @@ class LinkTotals:
     emulated_s: float = 0.0
 
 
+PEAK_WINDOW_S = 1.0
+"""The window of emulated time over which a link's peak rate is measured (``wan_peak_bps_by_link``)."""
+
+
 class Ledger:
-    """Counts bytes, messages and emulated seconds per (src_region, dst_region, kind)."""
+    """Counts bytes, messages and emulated seconds per (src_region, dst_region, kind), and the bytes
+    each WAN link carried in every PEAK_WINDOW_S window of emulated time (its peak rate)."""
 
     def __init__(self, rank: int, region_of_rank: list[str]) -> None:
         self.rank = rank
         self.region_of_rank = region_of_rank if isinstance(region_of_rank, list) else list(region_of_rank)  # shared
         self.links: dict[tuple[str, str, str], LinkTotals] = defaultdict(LinkTotals)
+        self.windows: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
+        """(src_region, dst_region) -> window index -> bytes this rank put on that WAN link in the window."""
         self._counted: tuple[tuple[int, ...], list[tuple[str, int]]] = ((), [])
         """charge_each's last tuple of destinations (held, so its id cannot be reused) and its
         destinations per region: a Comm passes the same tuple for every send to all."""
@@ -47,6 +54,44 @@ class Ledger:
         t.bytes += int(num_bytes)
         t.messages += int(messages)
         t.emulated_s += float(emulated_s)
+
+    def record_window(self, dst_rank: int, num_bytes: int, start_s: float, duration_s: float) -> None:
+        """``num_bytes`` sent to ``dst_rank`` from emulated ``start_s`` for ``duration_s`` (the transfer time;
+        the bytes are spread evenly over it) into the PEAK_WINDOW_S windows it overlaps. Only WAN links;
+        only timed runs (``--wan virtual`` / ``real``) call it."""
+        src, dst = self.region_of_rank[self.rank], self.region_of_rank[dst_rank]
+        if src == dst or num_bytes <= 0:
+            return
+        w = PEAK_WINDOW_S
+        bins = self.windows[(src, dst)]
+        first = int(start_s // w)
+        if duration_s <= 0:
+            bins[first] = bins.get(first, 0.0) + num_bytes
+            return
+        end = start_s + duration_s
+        rate = num_bytes / duration_s
+        j = first
+        while j * w < end:
+            overlap = min(end, (j + 1) * w) - max(start_s, j * w)
+            if overlap > 0:
+                bins[j] = bins.get(j, 0.0) + rate * overlap
+            j += 1
+
+    def window_bytes(self) -> dict[str, dict[int, float]]:
+        """This rank's windows, ``"src->dst"`` -> window -> bytes (picklable; :meth:`peaks` combines ranks)."""
+        return {f"{s}->{d}": dict(b) for (s, d), b in sorted(self.windows.items())}
+
+    @staticmethod
+    def peaks(per_rank: Sequence[Mapping[str, Mapping[int, float]]]) -> dict[str, float]:
+        """Each WAN link's peak rate in bits per second: the most bytes that every rank together put on it
+        in one PEAK_WINDOW_S window, times 8, over the window."""
+        total: dict[str, dict[int, float]] = {}
+        for windows in per_rank:
+            for link, bins in windows.items():
+                acc = total.setdefault(link, {})
+                for j, b in bins.items():
+                    acc[int(j)] = acc.get(int(j), 0.0) + b
+        return {link: 8.0 * max(bins.values()) / PEAK_WINDOW_S for link, bins in sorted(total.items()) if bins}
 
     def charge_each(self, dst_ranks: Sequence[int], kind: str, num_bytes: int) -> None:
         """``charge(d, kind, num_bytes)`` for every ``d`` in ``dst_ranks`` (one message each, no
@@ -70,7 +115,7 @@ class Ledger:
     # ---- checkpoint ----------------------------------------------------------------------
     def state_dict(self) -> dict:
         """This rank's totals so far (a resumed run continues them: nothing lost, nothing counted twice)."""
-        return {"region": self.region_of_rank[self.rank], "rows": self.rows()}
+        return {"region": self.region_of_rank[self.rank], "rows": self.rows(), "windows": self.window_bytes()}
 
     def load_state_dict(self, state: dict) -> None:
         """(The whole placement is the checkpoint fingerprint's business: it holds --topology and
@@ -84,6 +129,10 @@ class Ledger:
             raise ValueError(f"checkpoint ledger places rank {self.rank} in region {state['region']}, this run in "
                              f"{self.region_of_rank[self.rank]}; resume with the same --topology")
         self.links.clear()
+        self.windows.clear()
+        for link, bins in state.get("windows", {}).items():   # (checkpoints before 2026-12-03 have none)
+            s, d = link.split("->")
+            self.windows[(s, d)] = {int(j): float(b) for j, b in bins.items()}
         for r in state["rows"]:
             self.links[(r["src_region"], r["dst_region"], r["kind"])] = LinkTotals(
                 int(r["bytes"]), int(r["messages"]), float(r["emulated_s"]))

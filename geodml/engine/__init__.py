@@ -202,11 +202,12 @@ def finish_partition(cfg: RunConfig, env: Env, parts: Parts, result: dict, *, wa
     """Totals (uncharged bookkeeping) and the run directory; the summary on rank 0."""
     from geodml import rundir
     from geodml.comm.collectives import ring_allreduce_wan_bytes
-    from geodml.comm.ledger import Ledger
+    from geodml.comm.ledger import PEAK_WINDOW_S, Ledger
 
     comm, out, trainer = parts.comm, parts.out, parts.trainer
     global_sd = trainer.global_state_dict(keep=env.rank == 0)   # rank 0 writes it
     ledgers = comm.meta_all_gather_object(comm.ledger.rows())
+    windows = comm.meta_all_gather_object(comm.ledger.window_bytes())
     emulated_s = max(comm.meta_all_gather_object(float(comm.emulated_s)))
     own = rundir.rank_dir(out, env.rank)
     (model_files or ModelFiles()).save(parts.model, own / rundir.MODEL)
@@ -217,7 +218,9 @@ def finish_partition(cfg: RunConfig, env: Env, parts: Parts, result: dict, *, wa
     flat = parts.flat
     bsp_bytes = trainer.state.step * ring_allreduce_wan_bytes(flat.numel, flat.data.element_size(),
                                                               comm.region_of_rank)
-    summary = rundir.make_summary(cfg, world_size=env.world_size, result=result, totals=Ledger.summarize(rows),
+    totals = {**Ledger.summarize(rows), "wan_peak_bps_by_link": Ledger.peaks(windows) if cfg.comm.wan != "off" else None,
+              "peak_window_s": PEAK_WINDOW_S}
+    summary = rundir.make_summary(cfg, world_size=env.world_size, result=result, totals=totals,
                                   # a resumed run: the wall time before its checkpoint, then this process's
                                   emulated_s=emulated_s, wall_s=trainer.resumed_wall_s + time.monotonic() - wall_t0,
                                   steps=trainer.state.step,

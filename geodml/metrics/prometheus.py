@@ -52,6 +52,7 @@ from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+from geodml.comm.ledger import Ledger
 from geodml.metrics.sinks import Sink
 
 if TYPE_CHECKING:
@@ -73,6 +74,10 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "by link and kind; 0 under --wan off."),
     "geodml_lan_sent_bytes_total": (
         "counter", LINK_LABELS, "Bytes this rank sent inside its own region (LAN), by kind."),
+    "geodml_wan_peak_bits_per_second": (
+        "gauge", COMMON_LABELS + ("src_region", "dst_region"), "The most bits this rank (or this label set's "
+        "partitions together) put on a WAN link in one window of emulated time (geodml.comm.ledger.PEAK_WINDOW_S, "
+        "1 s), over the window; timed runs only (--wan virtual / real)."),
     "geodml_emulated_time_seconds": (
         "gauge", COMMON_LABELS, "This rank's emulated clock: measured compute plus modelled communication."),
     "geodml_steps_total": ("counter", COMMON_LABELS, "Training steps this rank has done."),
@@ -153,6 +158,9 @@ class _Collector:
                     fams[name].add_metric(common + list(link), value)
             else:
                 fams["geodml_lan_sent_bytes_total"].add_metric(common + list(link), acc[0])
+        windows = [x._read(src.ledger_windows, {}) for src in sources if src.ledger_windows is not None]
+        for name, bps in Ledger.peaks(windows).items():
+            fams["geodml_wan_peak_bits_per_second"].add_metric(common + name.split("->"), bps)
 
         def put(name: str, values: list[Any], how: Callable[[list[float]], float], extra: list[str] | None = None) -> None:
             finite = [float(v) for v in values if _finite(v)]
@@ -216,11 +224,13 @@ class PartitionSource(Sink):
     """
 
     def __init__(self, *, labels: dict[str, Any], ledger_rows: Callable[[], list[dict]] | None = None,
-                 emulated_s: Callable[[], float] | None = None) -> None:
+                 emulated_s: Callable[[], float] | None = None,
+                 ledger_windows: Callable[[], dict[str, dict[int, float]]] | None = None) -> None:
         missing = [k for k in COMMON_LABELS if k not in labels]
         assert not missing, f"exporter labels lack {missing}"
         self.labels = {k: str(v) for k, v in labels.items()}
         self.ledger_rows = ledger_rows
+        self.ledger_windows = ledger_windows
         self.emulated_s = emulated_s
         self.state: TrainState | None = None
         self.algo: Algorithm | None = None
@@ -260,10 +270,12 @@ class RankExporter(Sink):
     def __init__(self, *, labels: dict[str, Any] | None = None, ledger_rows: Callable[[], list[dict]] | None = None,
                  emulated_s: Callable[[], float] | None = None, device: Any = None,
                  wire_rejected: Callable[[], dict[str, int]] | None = None,
-                 group_by_region: int | None = None) -> None:
+                 group_by_region: int | None = None,
+                 ledger_windows: Callable[[], dict[str, dict[int, float]]] | None = None) -> None:
         self.sources: list[PartitionSource] = []
         if labels is not None:
-            self.sources.append(PartitionSource(labels=labels, ledger_rows=ledger_rows, emulated_s=emulated_s))
+            self.sources.append(PartitionSource(labels=labels, ledger_rows=ledger_rows, emulated_s=emulated_s,
+                                                ledger_windows=ledger_windows))
         self.wire_rejected = wire_rejected  # reason -> dropped ZeroMQ messages (Comm.wire_rejected)
         self.device = device
         self.group_by_region = group_by_region
@@ -282,9 +294,11 @@ class RankExporter(Sink):
 
     # ---- sources -----------------------------------------------------------------------
     def add_partition(self, *, labels: dict[str, Any], ledger_rows: Callable[[], list[dict]] | None = None,
-                      emulated_s: Callable[[], float] | None = None) -> PartitionSource:
+                      emulated_s: Callable[[], float] | None = None,
+                      ledger_windows: Callable[[], dict[str, dict[int, float]]] | None = None) -> PartitionSource:
         """A hosted partition's source (its ``watch`` and Sink ``log`` are the partition's own)."""
-        src = PartitionSource(labels=labels, ledger_rows=ledger_rows, emulated_s=emulated_s)
+        src = PartitionSource(labels=labels, ledger_rows=ledger_rows, emulated_s=emulated_s,
+                              ledger_windows=ledger_windows)
         self.sources.append(src)
         return src
 
@@ -392,7 +406,7 @@ def start_rank_exporter(comm: RunComm, *, rank: int, local_rank: int, base_port:
     region = comm.region_of_rank[rank]
     exporter = RankExporter(labels={"rank": rank, "region": region, "algo": algo, "run": run},
                             ledger_rows=comm.ledger.rows, emulated_s=lambda: float(comm.emulated_s), device=device,
-                            wire_rejected=comm.wire_rejected)
+                            wire_rejected=comm.wire_rejected, ledger_windows=comm.ledger.window_bytes)
     targets = start_together(exporter, comm.meta_all_gather_object, who=f"rank {rank}", index=rank,
                              local_index=local_rank, base_port=base_port, host=host)
     return exporter, targets

@@ -85,6 +85,8 @@ class Entry:
     skews: tuple[str, ...] = ("iid", "label")
     lr: float | None = LR
     """--lr (None: the entry's flags set it)."""
+    sampled: bool = True
+    """On ``dir``, sample --client-fraction of the clients each round (False: every client, HierFAVG)."""
 
 
 def _sum_lr() -> float:
@@ -136,7 +138,8 @@ ENTRIES: tuple[Entry, ...] = (
           "Lian et al. 2017: D-PSGD on a ring, mixing every step"),
     Entry("gossip-ring-10", "Gossip ring p10", ("--algo", "gossip", "--graph", "ring", "--gossip-every", "10"),
           "saving", "mixing every 10 steps"),
-    Entry("hierfavg", "HierFAVG", ("--algo", "hierfavg",), "paper", "Liu et al. 2020: its defaults", skews=("dir",)),
+    Entry("hierfavg", "HierFAVG", ("--algo", "hierfavg",), "paper", "Liu et al. 2020: its defaults (every client "
+          "every round: the paper samples none)", skews=("dir",), sampled=False),
 )
 """The plan's algorithms and settings (module docstring)."""
 
@@ -218,7 +221,8 @@ def plan(args: argparse.Namespace) -> list[LowcommRun]:
             for seed in args.seeds:
                 scales = SCALES if entry.setting == "paper" and seed in args.sweep_seeds else (1.0,)
                 for scale in scales:
-                    argv = (*entry.flags, "--dataset", args.dataset, "--model", "cnn", *lr, *SKEWS[skew],
+                    skew_flags = SKEWS[skew] if entry.sampled or skew != "dir" else SKEWS[skew][:-2]   # no --client-fraction
+                    argv = (*entry.flags, "--dataset", args.dataset, "--model", "cnn", *lr, *skew_flags,
                             "--topology", topology, "--wan", "virtual", "--wan-scale", fmt(scale),
                             "--compute-s-per-step", fmt(COMPUTE_S), *length_flags(args), "--seed", str(seed),
                             *args.geodml_args)

@@ -38,8 +38,9 @@ BASE = ["--dataset", "digits", "--partitions", "6", "--steps", "30", "--wan", "v
         "--eval-every", "10", "--log-every", "5"]
 """Every cell's common flags (a cell's own flags come after, so they win)."""
 
-MEASURED_SUMMARY = ("wall_seconds", "emulated_seconds")
-"""summary.json fields that depend on the clock (emulated time adds measured compute seconds)."""
+MEASURED_SUMMARY = ("wall_seconds", "emulated_seconds", "wan_peak_bps_by_link", "peak_window_s")
+"""summary.json fields that depend on the clock (emulated time adds measured compute seconds; the peak link
+rates are bytes per window of that time, added after the records were made)."""
 MEASURED_METRICS = ("wall_s", "emulated_s")
 """metrics.jsonl fields that depend on the clock."""
 MEASURED_CONFIG = ("engine", "host")
