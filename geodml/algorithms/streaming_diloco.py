@@ -23,8 +23,9 @@ How it moves: the paper's collective is an all-reduce; geodml's blocking collect
 with training, so the sum goes through rank 0 (the leader) point to point, kind ``model``, without
 waiting: after inner step t every other worker sends its (encoded) Delta_p / K to the leader; after
 step t + ceil(tau / 2) the leader receives them, sums the K decoded contributions in rank order (its
-own first; in float64, rounded once, as geodml's all-reduce sums), and sends the sum (re-encoded in 4 bits, or float32) to every worker; after step t + tau
-each worker receives it and every worker, the leader too, uses the same decoded sum. 2 (K - 1)
+own first; in float64, rounded once, as geodml's all-reduce sums), and sends the sum (re-encoded in
+4 bits, or float32) to every worker; after step t + tau each worker receives it and every worker,
+the leader too, uses the same decoded sum. 2 (K - 1)
 messages per sync, the total of a ring all-reduce's, on the leader's links; each leg overlaps about
 tau / 2 inner steps on the emulated clock.
 
