@@ -89,7 +89,7 @@ def test_bsp_ring_all_reduce_on_the_default_topology():
 
     def fn(rank, comm):
         grad = torch.full((33,), float(rank))
-        bsp = types.SimpleNamespace(comm=comm, flat=types.SimpleNamespace(grad=grad))
+        bsp = types.SimpleNamespace(comm=comm, flat=types.SimpleNamespace(grad=grad), compressor=None)
         for step in range(3):
             grad.fill_(float(rank))
             BSP.before_step(bsp, step, 0.1)

@@ -31,7 +31,7 @@ def _scripted_exchange(rank, world, topology):
     # BSP's all-reduce, as BSP calls it, on the default topology (one region per rank).
     comm = build_comm(CommConfig(wan="virtual", timeout_s=20), rank=rank, world_size=world)
     grad = torch.full((33,), float(rank))
-    bsp = types.SimpleNamespace(comm=comm, flat=types.SimpleNamespace(grad=grad))
+    bsp = types.SimpleNamespace(comm=comm, flat=types.SimpleNamespace(grad=grad), compressor=None)
     for step in range(3):
         grad.fill_(float(rank))
         BSP.before_step(bsp, step, 0.1)
