@@ -10,7 +10,7 @@ VENV=${GEODML_VENV:-.venv}
 STAMP="$VENV/.geodml-installed"
 # Up to date: installed after the last change to pyproject.toml and to the C kernels' source.
 if [ -f "$STAMP" ] && [ "$STAMP" -nt pyproject.toml ] && [ "$STAMP" -nt geodml/_kernels.c ] \
-   && "$VENV/bin/python" -c "import geodml, torch, zmq, msgpack, sklearn, pytest, greenlet" 2>/dev/null; then
+   && "$VENV/bin/python" -c "import geodml, torch, zmq, msgpack, sklearn, pytest, xdist, greenlet" 2>/dev/null; then
   exit 0
 fi
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
