@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import os
 import re
 import signal
@@ -107,8 +108,10 @@ def build_parser(extra: tuple[Option, ...] = ()) -> argparse.ArgumentParser:
                 "Run one process per data partition: torchrun --nproc_per_node=K -m geodml [flags].",
                 argument_default=argparse.SUPPRESS)
     p.add_argument("--version", action="version", version=f"geodml {__version__}")
-    p.add_argument("--config", metavar="FILE.toml",
-                   help="TOML file of flag defaults (keys are flag names); flags override it")
+    p.add_argument("--config", metavar="FILE",
+                   help="defaults for the flags: a TOML file (flat keys that are flag names, or [section] tables "
+                   "as in a run's config.json), or a run's config.json or run directory to run it again (its "
+                   "--out and --resume are not carried over); flags override it")
     groups: dict[str, Any] = {}
     for o in sorted((*OPTIONS, *extra), key=lambda o: HELP_ORDER.index(o.section)):
         if o.group not in groups:
@@ -124,9 +127,9 @@ def plugin_of(algo: str) -> tuple[Option, ...]:
     return () if cls is None else plugin_options(algo, cls)
 
 
-def _algo_of(argv: list[str], toml_path: str | None) -> str:
+def _algo_of(argv: list[str], raw: dict[str, Any]) -> str:
     """The ``--algo`` a command line asks for before it is parsed (its options depend on it): the
-    last ``--algo X`` / ``--algo=X``, else the TOML file's ``algo``, else the default."""
+    last ``--algo X`` / ``--algo=X``, else the config file's ``algo`` (``raw``, either form), else the default."""
     algo = None
     for i, tok in enumerate(argv):
         if tok == "--":
@@ -135,13 +138,10 @@ def _algo_of(argv: list[str], toml_path: str | None) -> str:
             algo = argv[i + 1]
         elif tok.startswith("--algo="):
             algo = tok.partition("=")[2]
-    if algo is None and toml_path is not None:
-        try:
-            with open(toml_path, "rb") as f:
-                raw = tomllib.load(f).get("algo")
-            algo = raw if isinstance(raw, str) else None
-        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
-            algo = None  # _load_toml reports the file's problem
+    in_file = raw.get("algo")
+    in_file = in_file.get("algo") if isinstance(in_file, dict) else in_file   # [algo] algo = ... (sectioned)
+    if algo is None and isinstance(in_file, str):
+        algo = in_file
     return algo if algo is not None else OPTION_OF["algo"].default
 
 
@@ -154,20 +154,92 @@ def _config_path(argv: list[str]) -> str | None:
     return None
 
 
-def _load_toml(path: str, option_of: dict[str, Option] = OPTION_OF) -> dict[str, Any]:
+RUN_CONFIG = "config.json"
+"""A run directory's resolved configuration (geodml.rundir.CONFIG), which ``--config`` also reads."""
+NOT_RERUN = ("out", "resume")
+"""Fields of a run's config.json that ``--config`` does not carry over: a re-run writes its own directory
+(``--out`` as for any run) and starts afresh unless ``--resume`` is given."""
+
+
+def read_config_file(path: str) -> tuple[dict[str, Any], bool]:
+    """The settings of ``--config PATH``: a TOML file (flat keys, or the sectioned form of config.json), a
+    run's ``config.json``, or a run directory holding one. Returns (the file's table, whether it is a run's
+    config.json); UsageError naming the file for anything unreadable."""
+    target = path
+    if os.path.isdir(path):
+        target = os.path.join(path, RUN_CONFIG)
+        if not os.path.isfile(target):
+            raise UsageError(f"--config: {path} is a directory without {RUN_CONFIG}; expected a TOML file, "
+                             f"a run's {RUN_CONFIG} or its run directory")
+    is_json = target.endswith(".json")
     try:
-        with open(path, "rb") as f:
-            raw = tomllib.load(f)
+        with open(target, "rb") as f:
+            raw = json.load(f) if is_json else tomllib.load(f)
     except FileNotFoundError:
         raise UsageError(f"--config: file not found: {path}") from None
-    except IsADirectoryError:
-        raise UsageError(f"--config: {path} is a directory; expected a TOML file") from None
     except OSError as exc:
-        raise UsageError(f"--config: cannot read {path}: {exc.strerror or exc}") from None
+        raise UsageError(f"--config: cannot read {target}: {exc.strerror or exc}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"--config: {path} is not valid TOML: {exc}") from None
-    return values_of(raw, option_of, unknown=f"--config: {path}: unknown key {{key!r}} "
-                     "(keys are flag names such as lr, algo, lr-milestones)", wrong=f"--config {path}: {{exc}}")
+        raise UsageError(f"--config: {target} is not valid TOML: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--config: {target} is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise UsageError(f"--config: {target}: expected a table of settings")
+    run_config = is_json and isinstance(raw.get("config"), dict)
+    if is_json and not run_config:
+        raise UsageError(f"--config: {target} is not a run's {RUN_CONFIG} (it has no \"config\" table)")
+    return (raw["config"] if run_config else raw), run_config
+
+
+def flatten_sections(raw: dict[str, Any], option_of: dict[str, Option], *, where: str,
+                     only_changed: bool = False) -> dict[str, Any]:
+    """A config table in either form -> ``{flag name: value}``. A key whose value is a table and that names a
+    RunConfig section (``[comm]``, ``[optim]``, ...; ``plugin`` for a plugin's options) holds that section's
+    fields, by field name (as config.json writes them) or flag name; every other key is a flag name, as
+    before. ``only_changed``: keep only values other than the field's default (a run's config.json lists
+    every field, and the ones it did not set should not count as given). Unknown keys raise UsageError."""
+    by_field = {(o.section, o.name): o for o in option_of.values()}
+    out: dict[str, Any] = {}
+
+    def put(o: Option, value: Any) -> None:
+        if o.name in NOT_RERUN and only_changed:
+            return
+        if only_changed and (value == o.default or (isinstance(value, list) and tuple(value) == o.default)):
+            return
+        out[o.dest] = value
+
+    for key, value in raw.items():
+        section = str(key)
+        if isinstance(value, dict) and (section in SECTIONS or section == "plugin"):
+            for name, v in value.items():
+                field = str(name).removeprefix("--").replace("-", "_")
+                o = by_field.get((section, field)) or option_of.get(field)
+                if o is None or o.section != section:
+                    names = sorted({op.name for op in option_of.values() if op.section == section})
+                    near = _close(field, names)
+                    raise UsageError(f"--config: {where}: unknown key {name!r} in [{section}]"
+                                     + (f" (did you mean {near}?)" if near else ""))
+                put(o, v)
+        elif only_changed:
+            o = by_field.get((None, section))
+            if o is None:
+                continue   # a run's config.json: sections of no option (none today) and future fields
+            put(o, value)
+        else:
+            out[key] = value
+    return out
+
+
+def _load_config(path: str, option_of: dict[str, Option] = OPTION_OF) -> dict[str, Any]:
+    raw, run_config = read_config_file(path)
+    flat = flatten_sections(raw, option_of, where=path, only_changed=run_config)
+    nulls = [k for k, v in flat.items() if v is None]
+    values = values_of({k: v for k, v in flat.items() if v is not None}, option_of,
+                       unknown=f"--config: {path}: unknown key {{key!r}} "
+                       "(keys are flag names such as lr, algo, lr-milestones, or [section] tables as in a run's "
+                       "config.json)", wrong=f"--config {path}: {{exc}}")
+    values.update({option_of[k].dest if k in option_of else k: None for k in nulls})
+    return values
 
 
 def values_of(raw: dict[str, Any], option_of: dict[str, Option], *, unknown: str, wrong: str) -> dict[str, Any]:
@@ -212,10 +284,17 @@ def ignored_norm_settings(values: dict, norm: str) -> list[str]:
 def parse_config(argv: list[str] | None = None, *, warn: Callable[[str], object] | None = None) -> RunConfig:
     """Flags (over TOML defaults) -> validated RunConfig. Raises ValueError on bad input."""
     args = list(sys.argv[1:] if argv is None else argv)
-    extra = plugin_of(_algo_of(args, _config_path(args)))
+    path = _config_path(args)
+    peek: dict[str, Any] = {}
+    if path is not None:
+        try:
+            peek = read_config_file(path)[0]
+        except UsageError:
+            peek = {}   # _load_config reports the file's problem
+    extra = plugin_of(_algo_of(args, peek))
     option_of = {**OPTION_OF, **{o.dest: o for o in extra}}
     ns = vars(build_parser(extra).parse_args(args))
-    values = _load_toml(ns.pop("config"), option_of) if "config" in ns else {}
+    values = _load_config(ns.pop("config"), option_of) if "config" in ns else {}
     values.update(ns)
     return config_of(values, option_of, warn=warn)
 

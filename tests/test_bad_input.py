@@ -190,7 +190,7 @@ CASES = [
     ("toml-str-from-int", lambda t: _toml(t, "out = 5\n"), "out = 5 is an integer; expected a string"),
     ("toml-milestones-strings", lambda t: _toml(t, 'lr-milestones = ["a"]\n'),
      'lr-milestones = ["a"] is an array holding'),
-    ("toml-is-a-directory", lambda t: ["--config", str(t)], "is a directory; expected a TOML file"),
+    ("toml-is-a-directory", lambda t: ["--config", str(t)], "is a directory without config.json; expected a TOML file"),
     # topology files
     ("topology-unknown-name", lambda t: ["--topology", "atlantis"], "no topology named 'atlantis'"),
     ("topology-bad-toml", lambda t: _topo(t, "regions = [\n"), "not valid TOML"),

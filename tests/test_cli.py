@@ -166,22 +166,90 @@ def test_toml_wrong_type_through_main_is_one_message(tmp_path, capsys, monkeypat
     assert "Traceback" not in err
 
 
-def test_config_that_is_a_directory_is_one_clear_error(tmp_path, capsys, monkeypatch):
+def test_config_that_is_a_directory_without_a_run_is_one_clear_error(tmp_path, capsys, monkeypatch):
+    message = (f"--config: {tmp_path} is a directory without config.json; expected a TOML file, a run's "
+               "config.json or its run directory")
     with pytest.raises(UsageError) as exc:
         parse_config(["--config", str(tmp_path)])
-    assert str(exc.value) == f"--config: {tmp_path} is a directory; expected a TOML file"
+    assert str(exc.value) == message
     monkeypatch.delenv("RANK", raising=False)
     assert main(["--config", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert err.splitlines()[0] == f"geodml: error: --config: {tmp_path} is a directory; expected a TOML file"
+    assert err.splitlines()[0] == f"geodml: error: {message}"
     assert "Traceback" not in err
 
 
 def test_toml_unknown_keys_stay_an_error(tmp_path):
-    for text, key in (("no-progress = true\n", "no-progress"), ("[data]\nskew = 0.5\n", "data"),
-                      ("config = \"x.toml\"\n", "config"), ("timeout_s = 5\n", "timeout_s")):
+    for text, key in (("no-progress = true\n", "no-progress"), ("[data]\nskew_s = 0.5\n", "skew_s"),
+                      ("config = \"x.toml\"\n", "config"), ("timeout_s = 5\n", "timeout_s"),
+                      ("[comm]\nlr = 0.1\n", "lr")):   # a flag of another section is no key of [comm]
         with pytest.raises(UsageError, match=f"unknown key '{key}'"):
             parse_config(["--config", str(_toml(tmp_path, text))])
+    with pytest.raises(UsageError, match=r"unknown key 'skew_s' in \[data\] \(did you mean skew\?\)"):
+        parse_config(["--config", str(_toml(tmp_path, "[data]\nskew_s = 0.5\n"))])
+
+
+def test_toml_in_the_sections_of_config_json(tmp_path):
+    """[section] tables hold fields by their config.json names (comm.timeout_s) or flag names; flat keys may sit
+    beside them; the result equals the flat form's, and flags still override."""
+    sectioned = _toml(tmp_path, 'seed = 3\n[algo]\nalgo = "gaia"\nt0 = 0.05\n[optim]\nlr = 0.002\n'
+                      'lr_milestones = [8, 12]\n[data]\npartition = "label"\nskew = 0.8\n'
+                      '[comm]\ntimeout_s = 30.0\nwan-scale = 2.0\n[skewscout]\nenabled = true\n')
+    flat = tmp_path / "flat.toml"
+    flat.write_text('seed = 3\nalgo = "gaia"\nt0 = 0.05\nlr = 0.002\nlr-milestones = [8, 12]\npartition = "label"\n'
+                    'skew = 0.8\ncomm-timeout = 30.0\nwan-scale = 2.0\nskewscout = true\n')
+    a, b = parse_config(["--config", str(sectioned)]), parse_config(["--config", str(flat)])
+    assert a.to_dict() == b.to_dict()
+    assert a.algo.algo == "gaia" and a.algo.t0 == 0.05 and a.comm.timeout_s == 30.0 and a.comm.wan_scale == 2.0
+    assert a.skewscout.enabled is True and a.optim.lr_milestones == (8, 12) and a.seed == 3
+    assert parse_config(["--config", str(sectioned), "--t0", "0.2"]).algo.t0 == 0.2
+
+
+def test_a_runs_config_json_reads_back_to_its_config(tmp_path):
+    """Every committed study record's config.json (written by older code too) gives back the RunConfig it was
+    written from, but for --out and --resume (a re-run writes its own directory, afresh) and fields added since
+    (their defaults)."""
+    import json
+    from pathlib import Path
+
+    from geodml.config import RunConfig
+    records = sorted(Path(__file__).resolve().parents[1].glob("docs/study/records/*/*/config.json"))
+    assert len(records) >= 16
+    default = RunConfig().to_dict()
+    for f in records:
+        written = json.loads(f.read_text())["config"]
+        back = parse_config(["--config", str(f)]).to_dict()
+        assert back["out"] is None
+        for key, value in written.items():
+            if key in back and key != "out":
+                expect = {**default[key], **value} if isinstance(value, dict) else value
+                if key == "reliability":
+                    expect["resume"] = False   # a re-run starts afresh unless --resume is given
+                assert json.dumps(back[key], sort_keys=True) == json.dumps(expect, sort_keys=True), (f, key)
+        assert parse_config(["--config", str(f.parent)]).to_dict() == back   # the run directory itself
+
+
+def test_config_json_of_a_run_reruns_it(tmp_path):
+    """``--config RUN/config.json --out NEW`` repeats the run: the same resolved config (but --out) and the same
+    final weights, bytes and accuracy; a JSON file that is no run's config.json is one clear error."""
+    import json
+
+    import torch
+    first = tmp_path / "first"
+    assert main(["--algo", "gaia", "--t0", "0.05", "--lr", "0.01", "--dataset", "digits", "--partitions", "3",
+                 "--steps", "12", "--eval-every", "6", "--seed", "4", "--no-progress", "--out", str(first)]) == 0
+    again = tmp_path / "again"
+    assert main(["--config", str(first / "config.json"), "--out", str(again)]) == 0
+    c1, c2 = (json.loads((d / "config.json").read_text())["config"] for d in (first, again))
+    assert {**c1, "out": None} == {**c2, "out": None}
+    s1, s2 = (json.loads((d / "summary.json").read_text()) for d in (first, again))
+    assert s1["wan_bytes_by_link"] == s2["wan_bytes_by_link"] and s1["final_val_accuracy"] == s2["final_val_accuracy"]
+    m1, m2 = (torch.load(d / "model.pt", weights_only=True) for d in (first, again))
+    assert m1.keys() == m2.keys() and all(torch.equal(m1[k], m2[k]) for k in m1)
+    other = tmp_path / "other.json"
+    other.write_text('{"lr": 0.1}')
+    with pytest.raises(UsageError, match='is not a run\'s config.json \\(it has no "config" table\\)'):
+        parse_config(["--config", str(other)])
 
 
 def test_valid_toml_of_every_kind_still_works(tmp_path):
