@@ -377,7 +377,9 @@ def summary_rows(runs: list[Run]) -> list[list[Any]]:
         rows.append([
             run.name, run.algo, knob, _num(s.get("world_size"), ".0f"), data or "-",
             _num(s.get("steps", last.get("step")), ".0f"), _num(s.get("epochs", last.get("epoch")), ".2f"),
-            _num(s.get("final_val_accuracy", last.get("val_accuracy")), ".4f"),
+            _num(headline(s)[0] if finished else last.get("val_accuracy"), ".4f"),
+            MEASURE_TEXT.get(headline(s)[1], headline(s)[1]) if finished else "last evaluation",
+            _num(s.get("final_val_accuracy") if finished and headline(s)[1] == "partition_mean" else None, ".4f"),
             _bytes_cell(s.get("wan_bytes_total", last.get("wan_bytes_total"))), _bytes_cell(s.get("lan_bytes_total")),
             ("-" if not isinstance(savings, (int, float)) else f"x{savings:.1f}", "num"),
             _num(s.get("emulated_seconds", last.get("emulated_s")), ".1f"),
@@ -386,7 +388,8 @@ def summary_rows(runs: list[Run]) -> list[list[Any]]:
     return rows
 
 
-SUMMARY_HEADERS = ["run", "algorithm", "knob (final)", "ranks", "data", "steps", "epochs", "final accuracy", "WAN bytes",
+SUMMARY_HEADERS = ["run", "algorithm", "knob (final)", "ranks", "data", "steps", "epochs", "final accuracy", "measure",
+                   "avg. of weights", "WAN bytes",
                    "LAN bytes", "WAN savings vs BSP", "emulated s", "wall s", "state"]
 
 
@@ -587,27 +590,44 @@ def _own_mean(summary: dict) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
+def headline(summary: dict) -> tuple[float | None, str]:
+    """The run's one accuracy and its measure (docs/run-directory.md "Which accuracy"): summary.json's
+    ``headline_val_accuracy``, or for a run written before that key, the same rule on its other keys."""
+    if "headline_val_accuracy" in summary:
+        return summary["headline_val_accuracy"], summary.get("headline_measure", "global")
+    own, final_model = _own_mean(summary), summary.get("final_model", "global")
+    if final_model == "average_of_weights" and own is not None:
+        return own, "partition_mean"
+    return summary.get("final_val_accuracy"), final_model
+
+
+MEASURE_TEXT = {"partition_mean": "partitions' own (mean)", "global": "global model",
+                "average_of_weights": "average of weights"}
+"""How the report names a headline_measure."""
+
+
 def console_rows(runs: list[Run], target: float | None) -> tuple[list[str], list[list[str]]]:
-    """The console comparison (headers, rows): per run its final accuracy (the global model's, and the mean of
-    the partitions' own where it differs), WAN bytes, emulated seconds, the WAN bytes and emulated seconds of
+    """The console comparison (headers, rows): per run its final accuracy (:func:`headline`: the mean of the
+    partitions' own where they hold different models, with the average of their weights beside it), WAN
+    bytes, emulated seconds, the WAN bytes and emulated seconds of
     its first validation at or above ``target``, and its accuracy at equal bytes: at the last validation
     within the smallest final WAN byte count among the runs (the budget every run spent)."""
     finals = [r.summary.get("wan_bytes_total") for r in runs if r.summary and isinstance(r.summary.get("wan_bytes_total"),
                                                                                           (int, float))]
     budget = min(finals) if finals else None
     t = "-" if target is None else f"{100 * target:.1f}%"
-    headers = ["run", "algorithm", "final acc.", "partitions' own", "WAN bytes", "emulated s", f"bytes to {t}",
+    headers = ["run", "algorithm", "final acc.", "measure", "avg. of weights", "WAN bytes", "emulated s", f"bytes to {t}",
                f"emulated s to {t}", "acc. at " + ("-" if budget is None else human_bytes(budget))]
     rows = []
     for run in runs:
         s = run.summary or {}
-        acc = s.get("final_val_accuracy")
-        own = _own_mean(s)
+        acc, measure = headline(s)
+        weights = s.get("final_val_accuracy") if measure == "partition_mean" else None
         hit = None if target is None else next((e for e in run.evals if e["val_accuracy"] >= target), None)
         within = [e for e in run.evals if budget is not None and isinstance(e.get("wan_bytes_total"), (int, float))
                   and e["wan_bytes_total"] <= budget]
-        rows.append([run.name, run.algo, "-" if acc is None else f"{acc:.4f}",
-                     "-" if own is None or acc is None or abs(own - acc) < 5e-5 else f"{own:.4f}",
+        rows.append([run.name, run.algo, "-" if acc is None else f"{acc:.4f}", MEASURE_TEXT.get(measure, measure)
+                     if acc is not None else "-", "-" if weights is None else f"{weights:.4f}",
                      _bytes_cell(s.get("wan_bytes_total"))[0], _num(s.get("emulated_seconds"), ".1f")[0],
                      "not reached" if hit is None else _bytes_cell(hit.get("wan_bytes_total"))[0],
                      "not reached" if hit is None else _num(hit.get("emulated_s"), ".1f")[0],

@@ -179,13 +179,22 @@ def make_summary(cfg: RunConfig, *, world_size: int, result: Mapping[str, Any], 
     tests/test_bsp.py), ``skewscout`` SkewScout's own summary (empty without it)."""
     final = result["final"]
     total_bytes = totals["wan_bytes_total"]
+    final_model = "global" if algo.models_agree or algo.global_model_rank is not None else "average_of_weights"
+    per = result["per_rank_val_accuracy"]
+    own_mean = sum(per) / len(per) if per else None
+    own_leads = final_model == "average_of_weights" and own_mean is not None
     return {
         "algo": cfg.algo.algo,
         # the algorithm as built: --algo fedavg with --prox-mu and --server-momentum is "fedprox+fedavgm"
         "algo_variant": algo.name,
         "final_val_accuracy": final["val_accuracy"],
-        "final_model": "global" if algo.models_agree or algo.global_model_rank is not None else "average_of_weights",
-        "per_rank_val_accuracy": result["per_rank_val_accuracy"],
+        "final_model": final_model,
+        # the one number to quote (docs/run-directory.md "Which accuracy"): where partitions end with models of their
+        # own, the mean of their own models' accuracies (the Quagmire paper's measure); else the global model's
+        "headline_val_accuracy": own_mean if own_leads else final["val_accuracy"],
+        "headline_measure": "partition_mean" if own_leads else final_model,
+        "partition_mean_val_accuracy": own_mean,
+        "per_rank_val_accuracy": per,
         "per_rank_train_accuracy": result["per_rank_train_accuracy"],
         "per_rank_val_examples": cfg.partition_eval_examples,  # null: the whole test set
         "final_val_loss": final["val_loss"],
@@ -241,8 +250,12 @@ def done_text(summary: Mapping[str, Any], out: Path) -> str:
     diverged = summary.get("diverged_at_step")
     stopped = ("" if diverged is None else f"stopped after step {diverged}: the mean training loss since the log "
                f"line before, {summary['final_train_loss']:.4g}, is NaN, infinite or above --divergence-loss\n")
-    return (f"{stopped}done: final val accuracy {summary['final_val_accuracy']:.4f} ({summary['final_model']} model; "
-            f"{shown}), "
+    if summary.get("headline_measure") == "partition_mean":   # models differ: the partitions' own lead
+        accuracy = (f"mean val accuracy of the partitions' own models {summary['headline_val_accuracy']:.4f} ({shown}; "
+                    f"the average of their weights, a model no partition holds: {summary['final_val_accuracy']:.4f}), ")
+    else:
+        accuracy = f"final val accuracy {summary['final_val_accuracy']:.4f} ({summary['final_model']} model; {shown}), "
+    return (f"{stopped}done: {accuracy}"
             f"WAN bytes {human_bytes(summary['wan_bytes_total'])} ({summary['wan_bytes_total']:,} B), "
             f"emulated {summary['emulated_seconds']:.1f} s, wall {summary['wall_seconds']:.1f} s\n"
             f"{_vs_bsp_line(summary)}"

@@ -154,13 +154,17 @@ def test_console_comparison_by_hand(tmp_path, capsys):
     a = make_run(tmp_path, "bsp", "bsp", bytes_per_step=100_000, acc_gain=0.018)
     b = make_run(tmp_path, "gaia", "gaia", bytes_per_step=3_000, acc_gain=0.016)
     summary = json.loads((b / "summary.json").read_text())
-    (b / "summary.json").write_text(json.dumps({**summary, "per_rank_val_accuracy": [0.3, 0.5]}))
+    (b / "summary.json").write_text(json.dumps({**summary, "per_rank_val_accuracy": [0.3, 0.5],
+                                                "final_model": "average_of_weights"}))   # as Gaia's, before the headline
     assert main([str(a), str(b), "--target", "0.5", "--out", str(tmp_path / "png")]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "target accuracy 50.0% (--target)"
-    assert out[1].split() == ["run", "algorithm", "final", "acc.", "partitions'", "own", "WAN", "bytes", "emulated", "s",
-                              "bytes", "to", "50.0%", "emulated", "s", "to", "50.0%", "acc.", "at", "150", "KB"]
-    assert out[3].split() == ["bsp", "bsp", "0.9000", "-", "5", "MB", "-", "3", "MB", "15.0", "-"]
-    assert out[4].split() == ["gaia", "gaia", "0.8000", "0.4000", "150", "KB", "-", "120", "KB", "20.0", "0.8000"]
+    assert out[1].split() == ["run", "algorithm", "final", "acc.", "measure", "avg.", "of", "weights", "WAN", "bytes",
+                              "emulated", "s", "bytes", "to", "50.0%", "emulated", "s", "to", "50.0%", "acc.", "at", "150",
+                              "KB"]
+    # the headline: BSP's global model; Gaia's partitions' own mean (0.3 + 0.5) / 2 leads, the weights' 0.80 beside it
+    assert out[3].split() == ["bsp", "bsp", "0.9000", "global", "model", "-", "5", "MB", "-", "3", "MB", "15.0", "-"]
+    assert out[4].split() == ["gaia", "gaia", "0.4000", "partitions'", "own", "(mean)", "0.8000", "150", "KB", "-", "120",
+                              "KB", "20.0", "0.8000"]
     assert main([str(a), "--out", str(tmp_path / "png2")]) == 0
     assert capsys.readouterr().out.startswith("target accuracy 85.0% (95% of the best, rounded down; --target sets it)")

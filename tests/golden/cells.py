@@ -41,6 +41,9 @@ BASE = ["--dataset", "digits", "--partitions", "6", "--steps", "30", "--wan", "v
 MEASURED_SUMMARY = ("wall_seconds", "emulated_seconds", "wan_peak_bps_by_link", "peak_window_s")
 """summary.json fields that depend on the clock (emulated time adds measured compute seconds; the peak link
 rates are bytes per window of that time, added after the records were made)."""
+ADDED_SUMMARY = ("headline_val_accuracy", "headline_measure", "partition_mean_val_accuracy")
+"""summary.json fields added after the records were made that derive from recorded ones (final_val_accuracy,
+final_model, per_rank_val_accuracy; tests/test_headline.py checks the derivation)."""
 MEASURED_METRICS = ("wall_s", "emulated_s")
 """metrics.jsonl fields that depend on the clock."""
 MEASURED_CONFIG = ("engine", "host")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from tests.golden.cells import (
     ADDED_OPTIONS,
+    ADDED_SUMMARY,
     BY_NAME,
     CELLS,
     KERNEL_ENV,
@@ -62,7 +63,7 @@ def extract(out: Path) -> dict:
     """What a finished run directory reports, without what depends on the clock or the machine."""
     import torch
     summary = json.loads((out / "summary.json").read_text())
-    for k in MEASURED_SUMMARY:
+    for k in (*MEASURED_SUMMARY, *ADDED_SUMMARY):
         summary.pop(k, None)
     config = json.loads((out / "config.json").read_text())
     for k in (*MEASURED_CONFIG, "processes"):  # (how many processes ran it: results do not depend on it)
