@@ -12,8 +12,9 @@ import json
 import math
 import sys
 import time
+from collections import deque
 from pathlib import Path
-from typing import IO
+from typing import IO, Callable
 
 
 class Sink:
@@ -73,51 +74,75 @@ def human_bytes(n: float) -> str:
     return f"{n:.2f} TB"
 
 
-def human_s(s: float) -> str:
-    if not math.isfinite(s):
+def human_duration(s: float) -> str:
+    """``s`` seconds with its units spelled: ``12s``, ``4m05s``, ``1h02m03s`` (``?`` when not finite or negative)."""
+    if not math.isfinite(s) or s < 0:
         return "?"
     s = int(round(s))
     h, rem = divmod(s, 3600)
     m, sec = divmod(rem, 60)
-    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m:d}:{sec:02d}"
+    return f"{h}h{m:02d}m{sec:02d}s" if h else f"{m}m{sec:02d}s" if m else f"{sec}s"
 
 
 class ConsoleProgress(Sink):
-    """Live progress: step/epoch, loss, accuracy, bytes, emulated time, ETA."""
+    """Live progress on rank 0, one line per update (docs/monitoring.md "The progress line")::
 
-    def __init__(self, total_steps: int, stream: IO[str] | None = None, min_interval_s: float = 5.0) -> None:
+        step 120/2910 (epoch 0.20) | loss 1.2345 | val acc 0.8123 (step 100) | WAN 12.34 MB | emulated 639.6 s
+        | 41.2 steps/s | eta 1m08s
+
+    The rate is a moving one: steps over wall time across the records of the last ``window_s`` seconds
+    (at least the two latest), counted from the first step this process logs, so that the ETA is right
+    after a resume and is not thrown off by start-up; ``eta ?`` until two records exist. ``clock`` is
+    time.monotonic (a test passes its own)."""
+
+    def __init__(self, total_steps: int, stream: IO[str] | None = None, min_interval_s: float = 5.0,
+                 window_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.total_steps = total_steps
         self.stream = stream or sys.stdout
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.min_interval_s = 0.2 if self.tty else min_interval_s
-        self.t0 = time.monotonic()
-        self.last_print = -1e9
+        self.window_s = window_s
+        self.clock = clock
+        self.last_print = -math.inf
         self.val_acc: float | None = None
+        self.val_step: int | None = None
+        self.samples: deque[tuple[float, int]] = deque()
         self.pending_newline = False
+
+    def rate(self) -> float | None:
+        """Steps per wall second over the window (None before two records)."""
+        if len(self.samples) < 2:
+            return None
+        (t0, s0), (t1, s1) = self.samples[0], self.samples[-1]
+        return (s1 - s0) / (t1 - t0) if t1 > t0 else None
 
     def log(self, r: dict) -> None:
         if "val_accuracy" in r:
-            self.val_acc = r["val_accuracy"]
+            self.val_acc, self.val_step = r["val_accuracy"], r.get("step")
         if "step" not in r or "train_loss" not in r:
             return
-        now = time.monotonic()
+        now, step = self.clock(), r["step"]
+        self.samples.append((now, step))
+        while len(self.samples) > 2 and now - self.samples[1][0] >= self.window_s:
+            self.samples.popleft()
         is_eval = "val_accuracy" in r
         if not is_eval and now - self.last_print < self.min_interval_s:
             return
         self.last_print = now
-        step = r["step"]
-        rate = step / max(now - self.t0, 1e-9)
-        eta = (self.total_steps - step) / rate if rate > 0 else float("inf")
-        acc = f"{self.val_acc:.4f}" if self.val_acc is not None else "-"
-        line = (f"step {step}/{self.total_steps} ep {r.get('epoch', 0):.2f} loss {r['train_loss']:.4f} "
-                f"val_acc {acc} wan {human_bytes(r.get('wan_bytes_total', 0))} "
-                f"emu {human_s(r.get('emulated_s', 0.0))} eta {human_s(eta)}")
-        if self.tty:
-            self.stream.write("\r\x1b[2K" + line)
-            self.pending_newline = True
-        else:
-            self.stream.write(line + "\n")
+        self.stream.write(("\r\x1b[2K" if self.tty else "") + self.line(r) + ("" if self.tty else "\n"))
+        self.pending_newline = self.tty
         self.stream.flush()
+
+    def line(self, r: dict) -> str:
+        """The progress line for record ``r`` (given to :meth:`log` last)."""
+        rate = self.rate()
+        left = self.total_steps - r["step"]
+        eta = "?" if rate is None or rate <= 0 else human_duration(left / rate)
+        acc = "-" if self.val_acc is None else f"{self.val_acc:.4f} (step {self.val_step})"
+        speed = "-" if rate is None else f"{rate:.3g}"
+        return (f"step {r['step']}/{self.total_steps} (epoch {r.get('epoch', 0):.2f}) | loss {r['train_loss']:.4f} | "
+                f"val acc {acc} | WAN {human_bytes(r.get('wan_bytes_total', 0))} | "
+                f"emulated {r.get('emulated_s', 0.0):.1f} s | {speed} steps/s | eta {eta}")
 
     def close(self) -> None:
         if self.tty and self.pending_newline:
