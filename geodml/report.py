@@ -306,7 +306,7 @@ h1 { font-size: 1.6em; margin: 0.2em 0; } h2 { font-size: 1.25em; margin-top: 1.
 h3 { font-size: 1.05em; margin-top: 1.2em; } .meta, .note { color: #666; font-size: 0.9em; }
 nav a { margin-right: 1em; }
 table { border-collapse: collapse; margin: 0.6em 0; font-size: 0.9em; }
-th, td { border: 1px solid #ddd; padding: 3px 8px; white-space: nowrap; }
+th, td { border: 1px solid #ddd; padding: 3px 8px; white-space: nowrap; } th { white-space: normal; }
 th { background: #f4f4f4; text-align: left; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 tr:nth-child(even) td { background: #fafafa; }
 .scroll { overflow-x: auto; }
@@ -374,8 +374,10 @@ def summary_rows(runs: list[Run]) -> list[list[Any]]:
             data += f" skew {s['skew']:g}"
         finished = run.summary is not None and "final_val_accuracy" in s
         savings = s.get("wan_savings_vs_bsp")
+        settings = run_settings(run)
         rows.append([
-            run.name, run.algo, knob, _num(s.get("world_size"), ".0f"), data or "-",
+            run.name, run.algo, knob, _num(s.get("world_size"), ".0f"), data or "-", settings.get("topology", "-"),
+            _num(settings.get("lr"), ".4g"),
             _num(s.get("steps", last.get("step")), ".0f"), _num(s.get("epochs", last.get("epoch")), ".2f"),
             _num(headline(s)[0] if finished else last.get("val_accuracy"), ".4f"),
             MEASURE_TEXT.get(headline(s)[1], headline(s)[1]) if finished else "last evaluation",
@@ -388,9 +390,88 @@ def summary_rows(runs: list[Run]) -> list[list[Any]]:
     return rows
 
 
-SUMMARY_HEADERS = ["run", "algorithm", "knob (final)", "ranks", "data", "steps", "epochs", "final accuracy", "measure",
+SUMMARY_HEADERS = ["run", "algorithm", "knob (final)", "ranks", "data", "topology", "lr", "steps", "epochs",
+                   "final accuracy", "measure",
                    "avg. of weights", "WAN bytes",
                    "LAN bytes", "WAN savings vs BSP", "emulated s", "wall s", "state"]
+
+
+NOT_SETTINGS = ("out", "resume", "progress", "metrics_port", "metrics_host", "metrics_linger_s", "tensorboard")
+"""config.json fields that do not change what a run computes (where it writes, what it shows)."""
+
+
+def run_settings(run: Run) -> dict[str, Any]:
+    """The run's settings by flag name (``lr``, ``t0``, ``comm-timeout``; ``topology`` as its name, e.g.
+    five-continents, or ``default``) from config.json; empty for a run without one."""
+    from geodml.config import OPTIONS
+    doc = run.config or {}
+    cfg = doc.get("config") or {}
+    flag = {(o.section, o.name): o.flag.removeprefix("--") for o in OPTIONS}
+    out: dict[str, Any] = {}
+    for key, value in cfg.items():
+        if isinstance(value, dict):
+            for name, v in value.items():
+                if name not in NOT_SETTINGS:
+                    out[flag.get((key, name), f"{key}.{name}")] = v
+        elif key not in NOT_SETTINGS:
+            out[flag.get((None, key), key)] = value
+    topo = doc.get("topology")
+    if isinstance(topo, dict):
+        out["topology"] = topo.get("name") or ("default" if topo.get("default") else out.get("topology") or "-")
+    return out
+
+
+def differing_settings(runs: list[Run]) -> tuple[list[str], list[dict[str, Any]]]:
+    """The settings whose values are not the same in every run with a config.json (in the order first seen),
+    and each run's settings."""
+    per_run = [run_settings(run) for run in runs]
+    known = [s for s in per_run if s]
+    keys = list(dict.fromkeys(k for s in known for k in s))
+    differ = [k for k in keys if len({json.dumps(s.get(k), sort_keys=True, default=str) for s in known}) > 1]
+    return differ, per_run
+
+
+def _setting_text(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, (list, tuple)):
+        return ",".join(f"{x:g}" if isinstance(x, float) else str(x) for x in v) or "[]"
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+MAX_COLUMNS = 10
+"""A table with more columns than this and fewer rows than columns is drawn transposed (one column per row
+of the original), so that it fits the page instead of running off it."""
+
+
+def _wide_table(headers: list[str], rows: list[list[Any]], *, cls: str = "") -> str:
+    """:func:`_table`, transposed when it is wider than it is long and wider than MAX_COLUMNS."""
+    if len(headers) <= MAX_COLUMNS or len(headers) <= len(rows) + 1:
+        return _table(headers, rows, cls=cls)
+    first, *rest = headers
+    columns = [first] + [str(r[0][0] if isinstance(r[0], tuple) else r[0]) for r in rows]
+    return _table(columns, [[h, *(r[i] for r in rows)] for i, h in enumerate(rest, 1)], cls=cls + " transposed")
+
+
+def _settings_section(runs: list[Run]) -> str:
+    differ, per_run = differing_settings(runs)
+    if not differ:
+        return ""
+    headers = ["run", *differ]
+    rows = [[run.label, *(_setting_text(settings.get(k)) for k in differ)] for run, settings in zip(runs, per_run)]
+    note = '<p class="note">Every setting (flag name) whose value is not the same in all these runs.</p>'
+    return _section("settings", "Settings that differ between the runs", note + _wide_table(headers, rows, cls="settings"))
+
+
+def _curves_section(runs: list[Run], plt) -> str:
+    loss = _fig_uri(lambda f: plot_accuracy(runs, "step", f, xlabel="step", title="Training loss against steps",
+                                            log_x=False, plt=plt, ykey="train_loss",
+                                            ylabel="training loss (mean over partitions)"))
+    acc = _fig_uri(lambda f: plot_accuracy(runs, "step", f, xlabel="step", title="Validation accuracy against steps",
+                                           log_x=False, plt=plt))
+    figs = (_figure("train_loss_vs_steps", loss, "Training loss (metrics.jsonl's train_loss, every logged step).")
+            + _figure("accuracy_vs_steps", acc, "Validation accuracy of the global model at each evaluation."))
+    return _section("curves", "Training curves", f'<div class="pair">{figs}</div>')
 
 
 def default_target(runs: list[Run]) -> float | None:
@@ -538,7 +619,7 @@ def _links_section(runs: list[Run], plt) -> str:
     caption = "Region x region bytes sent (row: source, column: destination; the diagonal is LAN)"
     if len(finished) > len(shown):
         caption += f"; the first {len(shown)} finished runs, {len(finished) - len(shown)} more in the table"
-    body = (_table(headers, rows, cls="links") if rows else "") + _figure(
+    body = (_wide_table(headers, rows, cls="links") if rows else "") + _figure(
         "bytes_by_link", _fig_uri(lambda f: plot_links(shown, f, plt=plt)), caption)
     return _section("links", "Bytes per link", body)
 
@@ -555,10 +636,13 @@ def render_html(runs: list[Run], studies: list[Study], *, target: float | None, 
     target = default_target(runs) if target is None else target
     sections = [(f"study-{s.name}", f"study {s.name}", _study_section(s, plt)) for s in studies]
     sections.append(("runs", "runs", _section("runs", "Runs", _table(SUMMARY_HEADERS, summary_rows(runs), cls="summary"))))
+    settings = _settings_section(runs)
+    if settings:
+        sections.append(("settings", "settings", settings))
     if target is not None:
         sections.append(("to-target", "to target", _target_section(runs, target)))
-    sections += [("accuracy", "accuracy", _accuracy_section(runs, plt)), ("links", "links", _links_section(runs, plt)),
-                 ("labels", "labels", _labels_section(runs, plt))]
+    sections += [("accuracy", "accuracy", _accuracy_section(runs, plt)), ("curves", "curves", _curves_section(runs, plt)),
+                 ("links", "links", _links_section(runs, plt)), ("labels", "labels", _labels_section(runs, plt))]
     nav = "".join(f'<a href="#{_esc(sid)}">{_esc(name)}</a>' for sid, name, _ in sections)
     when = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     meta = (f"geodml {__version__}, {when}: {len(runs)} runs{f', {len(studies)} studies' if studies else ''}. "

@@ -30,6 +30,8 @@ class Run:
     summary: dict | None = None
     config: dict | None = None
     partitions: dict | None = None
+    losses: list[dict] = field(default_factory=list)
+    """Training records (``step`` and ``train_loss``, one per logged step), in step order."""
 
     @property
     def regions(self) -> list[str]:
@@ -60,7 +62,7 @@ def load_run(path: str | Path) -> Run:
     metrics = p / rundir.METRICS
     if summary is None and not metrics.exists():
         raise ReportError(f"{p}: not a geodml run directory (no summary.json and no metrics.jsonl)")
-    evals = []
+    evals, losses = [], {}
     if metrics.exists():
         lines = metrics.read_text().splitlines()
         for n, line in enumerate(lines, 1):
@@ -74,6 +76,8 @@ def load_run(path: str | Path) -> Run:
                 raise ReportError(f"{metrics}:{n}: not a JSON line") from None
             if isinstance(rec.get("val_accuracy"), (int, float)) and "wan_bytes_total" in rec:
                 evals.append(rec)
+            if isinstance(rec.get("train_loss"), (int, float)) and isinstance(rec.get("step"), int):
+                losses[rec["step"]] = rec   # an evaluation line repeats its step's training line
     algo = (summary or {}).get("algo") or ((config or {}).get("config", {}).get("algo", {}).get("algo")) or "?"
     label = f"{(summary or {}).get('algo_variant') or algo}"  # fedprox, iwds+fedprox, ... (older runs: algo)
     theta_name = (summary or {}).get("theta_name")
@@ -81,7 +85,7 @@ def load_run(path: str | Path) -> Run:
         label += f" {theta_name}={summary['theta_final']:g}"
     label += f" ({p.resolve().name})"
     return Run(path=p, name=p.resolve().name, algo=algo, label=label, evals=evals, summary=summary, config=config,
-               partitions=_read_json(p / rundir.PARTITIONS))
+               partitions=_read_json(p / rundir.PARTITIONS), losses=[losses[k] for k in sorted(losses)])
 
 
 def human_bytes(n: float, digits: int = 3) -> str:
@@ -93,8 +97,10 @@ def human_bytes(n: float, digits: int = 3) -> str:
     return f"{n:.{digits}g} TB"
 
 
-def _curve(run: Run, xkey: str) -> tuple[list[float], list[float]]:
-    pts = [(float(r[xkey]), float(r["val_accuracy"])) for r in run.evals if isinstance(r.get(xkey), (int, float))]
+def _curve(run: Run, xkey: str, ykey: str = "val_accuracy") -> tuple[list[float], list[float]]:
+    records = run.losses if ykey == "train_loss" else run.evals
+    pts = [(float(r[xkey]), float(r[ykey])) for r in records if isinstance(r.get(xkey), (int, float))
+           and isinstance(r.get(ykey), (int, float)) and math.isfinite(r[ykey])]
     return [x for x, _ in pts], [y for _, y in pts]
 
 
@@ -105,23 +111,23 @@ def _final_note(run: Run) -> str:
     return f": acc {s['final_val_accuracy']:.3f}, WAN {human_bytes(s.get('wan_bytes_total', 0))}"
 
 
-LEGEND_INSIDE = 4  # more runs than this: the legend goes below the plot, where it hides no curve
-
-
-def plot_accuracy(runs: list[Run], xkey: str, path: Path | IO[bytes], *, xlabel: str, title: str, log_x: bool, plt) -> None:
-    below = len(runs) > LEGEND_INSIDE
-    fig, ax = plt.subplots(figsize=(8, 5 + (0.19 * len(runs) if below else 0)))
+def plot_accuracy(runs: list[Run], xkey: str, path: Path | IO[bytes], *, xlabel: str, title: str, log_x: bool, plt,
+                  ykey: str = "val_accuracy", ylabel: str = "validation accuracy (global model)") -> None:
+    """``ykey`` (validation accuracy, or ``train_loss``) of every run against ``xkey`` on one axis; the legend
+    below the plot, where it hides no curve."""
+    fig, ax = plt.subplots(figsize=(8, 5.2 + 0.19 * len(runs)))
     any_points = False
     positive = True
     smallest = math.inf  # the smallest positive x: below it, a symlog axis is linear (a 0 at the start stays close)
     for run in runs:
-        xs, ys = _curve(run, xkey)
+        xs, ys = _curve(run, xkey, ykey)
         if not xs:
             continue
         any_points = True
         positive &= all(x > 0 for x in xs)
         smallest = min([smallest, *(x for x in xs if x > 0)])
-        line, = ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.6, label=run.label + _final_note(run))
+        line, = ax.plot(xs, ys, marker="o" if len(xs) <= 60 else "", markersize=3, linewidth=1.6,
+                        label=run.label + _final_note(run))
         ax.plot(xs[-1:], ys[-1:], marker="*", markersize=12, color=line.get_color())
     if log_x and any_points:
         if positive:
@@ -134,15 +140,14 @@ def plot_accuracy(runs: list[Run], xkey: str, path: Path | IO[bytes], *, xlabel:
         if log_x and any_points and positive:  # a range of about a decade has labelled minor ticks only
             ax.xaxis.set_minor_formatter(bytes_log_formatter(minor=True))
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("validation accuracy (global model)")
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    if any_points and below:
+    if any_points:
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0.0, -0.14), borderaxespad=0.0, frameon=False)
-    elif any_points:
-        ax.legend(fontsize=8, loc="lower right")
     else:
-        ax.text(0.5, 0.5, "no evaluation lines in metrics.jsonl", ha="center", va="center", transform=ax.transAxes)
+        what = "training" if ykey == "train_loss" else "evaluation"
+        ax.text(0.5, 0.5, f"no {what} lines in metrics.jsonl", ha="center", va="center", transform=ax.transAxes)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -320,7 +320,8 @@ def test_html_report_of_the_live_run_renders(live):
     _artifact(live["report_png"], "report-run.png")
     assert info["errors"] == [] and info["requests"] == []  # self-contained: nothing fetched
     plots = {i["plot"]: i for i in info["images"]}
-    assert set(plots) == {"accuracy_vs_wan_bytes", "accuracy_vs_emulated_time", "bytes_by_link", "label_distribution"}
+    assert set(plots) == {"accuracy_vs_wan_bytes", "accuracy_vs_emulated_time", "train_loss_vs_steps", "accuracy_vs_steps",
+                          "bytes_by_link", "label_distribution"}
     assert all(i["width"] > 300 and i["height"] > 200 and i["src"].startswith("data:image/png") for i in plots.values())
     assert "summary" in info["tables"] and "links" in info["tables"]
     assert f"{live['summary']['final_val_accuracy']:.4f}" in info["text"]

@@ -97,12 +97,15 @@ def test_html_report_of_runs(tmp_path):
     _self_contained(page)
     figures = re.findall(r'<figure class="plot" data-plot="([^"]+)"><img alt="[^"]*" src="data:image/png;base64,([^"]+)"',
                          page)
-    assert [name for name, _ in figures] == ["accuracy_vs_wan_bytes", "accuracy_vs_emulated_time", "bytes_by_link",
-                                             "label_distribution"]
+    assert [name for name, _ in figures] == ["accuracy_vs_wan_bytes", "accuracy_vs_emulated_time", "train_loss_vs_steps",
+                                             "accuracy_vs_steps", "bytes_by_link", "label_distribution"]
     assert all(base64.b64decode(data).startswith(PNG_MAGIC) and len(data) > 5000 for _, data in figures)
     # summary: one row per run, the running one marked; the target table: 95% of the best accuracy (0.9 -> 0.85)
     assert page.count('<td class="state-finished">finished</td>') == 2 and "running or stopped" in page
     assert "<td>gaia</td><td>t0=0.1</td>" in page and '<td class="num">0.9000</td>' in page
+    # the settings that differ: only the algorithm (these runs' config.json name nothing else)
+    assert ('<h2>Settings that differ between the runs</h2>' in page
+            and "<tr><th>run</th><th>algo</th></tr><tr><td>bsp (bsp)</td><td>bsp</td></tr>" in page)
     assert "Bytes and time to accuracy 0.85" in page and "not reached (best 0.5000)" in page
     # bsp reaches it at step 50 (0.018 x 50 = 0.9) having sent 5 MB; gaia (0.016 x 50 = 0.8) does not
     assert '<td>bsp (bsp)</td><td class="num">0.9000</td><td class="num">50</td><td class="num">5 MB</td>' in page
@@ -129,6 +132,46 @@ def test_html_report_of_a_study(tmp_path):
     paths = write_report([study], tmp_path / "pngs")  # the PNG report takes a study directory too
     assert all(p.read_bytes().startswith(PNG_MAGIC) for p in paths)
     assert default_target(runs) == 0.85
+
+
+def _configure(run, **settings) -> None:
+    """Give a synthetic run's config.json sections as a run writes them (config.json's field names)."""
+    doc = json.loads((run / "config.json").read_text())
+    topology = settings.pop("topology", None)
+    for section, fields in settings.items():
+        doc["config"].setdefault(section, {}).update(fields)
+    if topology:
+        doc["topology"] = {"name": topology, "default": False}
+    (run / "config.json").write_text(json.dumps(doc))
+
+
+def test_html_report_shows_topology_lr_and_every_differing_flag(tmp_path):
+    """Two Gaia runs at different rates on one topology no longer look the same: the runs table has topology and
+    lr, and the settings table lists lr and --comm-timeout (flag names; the same --t0 is not listed)."""
+    a = make_run(tmp_path, "g1", "gaia", bytes_per_step=3_000, acc_gain=0.016)
+    b = make_run(tmp_path, "g2", "gaia", bytes_per_step=3_000, acc_gain=0.015)
+    _configure(a, topology="five-continents", optim={"lr": 0.002}, algo={"t0": 0.1}, comm={"timeout_s": 60.0})
+    _configure(b, topology="five-continents", optim={"lr": 0.01}, algo={"t0": 0.1}, comm={"timeout_s": 30.0})
+    page = write_html([a, b], tmp_path / "r.html").read_text()
+    assert "<th>topology</th><th>lr</th>" in page
+    assert '<td>five-continents</td><td class="num">0.002</td>' in page
+    assert '<td>five-continents</td><td class="num">0.01</td>' in page
+    assert "<tr><th>run</th><th>lr</th><th>comm-timeout</th></tr>" in page
+    assert "<td>gaia t0=0.1 (g1)</td><td>0.002</td><td>60</td>" in page and "<th>t0</th>" not in page
+
+
+def test_a_table_wider_than_long_is_transposed(tmp_path):
+    """12 links for 2 runs: one row per link (13 columns would run off the page)."""
+    runs = []
+    for name in ("x", "y"):
+        d = make_run(tmp_path, name, "gaia", bytes_per_step=3_000, acc_gain=0.016)
+        summary = json.loads((d / "summary.json").read_text())
+        summary["bytes_by_link"] = {f"r{i}->r{j}": 1000 * (i + 1) for i in range(4) for j in range(4) if i != j}
+        (d / "summary.json").write_text(json.dumps(summary))
+        runs.append(d)
+    page = write_html(runs, tmp_path / "r.html").read_text()
+    assert '<table class="links transposed"><tr><th>run</th><th>gaia t0=0.1 (x)</th><th>gaia t0=0.1 (y)</th></tr>' in page
+    assert '<tr><td>r0 → r1</td><td class="num">1 KB</td><td class="num">1 KB</td></tr>' in page
 
 
 def test_markdown_subset():
