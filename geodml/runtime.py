@@ -156,6 +156,30 @@ def rendezvous(env: Env, timeout_s: float, *, poll_s: float = 0.05) -> dist.Stor
     return store
 
 
+LEAVE_WAIT_S = 30.0
+"""The longest the store's host waits at the end of a run for the other ranks to leave (:func:`leave_together`)."""
+
+
+def leave_together(store: dist.Store | None, env: Env, *, wait_s: float = LEAVE_WAIT_S, poll_s: float = 0.01) -> None:
+    """At the end of a run, count this rank out; the rank that hosts the store (rank 0 without a torchrun
+    agent) waits, at most ``wait_s``, until every rank has, so that no rank's last store call (its peer
+    watch's) meets a closed store: torch then logs a 40-line C++ "recvValue failed" stack on that rank although
+    the run succeeded. Call it after the peer watch has stopped; a store error here is ignored (the run
+    is over)."""
+    if store is None or env.world_size < 2:
+        return
+    key = f"geodml/leave/{_restart()}"
+    try:
+        store.add(key, 1)
+        if env.rank != 0 or _agent_store():
+            return
+        deadline = time.monotonic() + wait_s
+        while store.add(key, 0) < env.world_size and time.monotonic() < deadline:
+            time.sleep(poll_s)
+    except (RuntimeError, OSError):
+        pass
+
+
 def _join(store: dist.Store, ns: str, env: Env, timeout_s: float, *, hosted: bool, poll_s: float) -> None:
     """Count in and wait for everyone. The first rank whose deadline passes writes the verdict for all
     (which ranks are missing) and speaks; the others read it, acknowledge and stay silent; the

@@ -204,3 +204,38 @@ def test_rank_killed_after_the_summary_does_not_fail_the_finished_job(tmp_path):
     written_last = (out / rundir.SUMMARY).stat().st_mtime
     newer = [p.name for p in out.rglob("*") if p.is_file() and p.stat().st_mtime > written_last + 0.5]
     assert not newer, newer
+
+
+# ---- leaving together: the store's host outlives every rank's last store call ----
+def test_the_store_host_waits_for_every_rank_to_leave(monkeypatch):
+    """Rank 0 hosts the store without a torchrun agent; the run's other ranks count out 0.3 s later than it
+    would leave. leave_together on rank 0 returns only once both have (>= 0.3 s, well before the 5 s bound);
+    with a rank that never counts out it gives up at ``wait_s``; another rank never waits."""
+    import threading
+    import time as _time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from geodml.runtime import Env, leave_together
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    store = dist.HashStore()
+    store.set_timeout(timedelta(seconds=5))
+    late = [threading.Timer(0.3, leave_together, args=(store, Env(r, 3, r, 3, True))) for r in (1, 2)]
+    t0 = _time.monotonic()
+    for t in late:
+        t.start()
+    leave_together(store, Env(0, 3, 0, 3, True), wait_s=5.0)
+    waited = _time.monotonic() - t0
+    assert 0.3 <= waited < 3.0 and store.add("geodml/leave/0", 0) == 3
+    for t in late:
+        t.join(5)
+    alone = dist.HashStore()
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")   # a new attempt counts afresh
+    t0 = _time.monotonic()
+    leave_together(alone, Env(0, 2, 0, 2, True), wait_s=0.2)
+    assert 0.2 <= _time.monotonic() - t0 < 2.0 and alone.add("geodml/leave/1", 0) == 1
+    t0 = _time.monotonic()
+    leave_together(alone, Env(1, 2, 1, 2, True), wait_s=5.0)
+    assert _time.monotonic() - t0 < 0.5 and alone.add("geodml/leave/1", 0) == 2

@@ -58,7 +58,14 @@ def joined(cfg: RunConfig, env: Env, backend: str, device: str) -> Iterator[tupl
     missing), the process group, seeds and the run directory, then the peer watch; torn down in
     reverse. Yields this rank's device and the run directory."""
     from geodml.peerwatch import fault_point
-    from geodml.runtime import agree_on_out_dir, destroy_process_group, init_process_group, rendezvous, seed_everything
+    from geodml.runtime import (
+        agree_on_out_dir,
+        destroy_process_group,
+        init_process_group,
+        leave_together,
+        rendezvous,
+        seed_everything,
+    )
 
     with ExitStack() as stack:
         stack.callback(destroy_process_group)
@@ -72,3 +79,4 @@ def joined(cfg: RunConfig, env: Env, backend: str, device: str) -> Iterator[tupl
         with _peer_watch(cfg, env):
             yield dev, out
             fault_point("finished", env.rank, out)
+        leave_together(store, env)   # the peer watch has stopped: rank 0 keeps the store until everyone is out
