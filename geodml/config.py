@@ -185,8 +185,7 @@ class ModelConfig:
 
     GROUP: ClassVar[str] = "model"
 
-    model: str = opt("cnn", help="network: cnn (McMahan et al. 2017's CNN; geodml's lenet before "
-                     "issue 21), lenet (the Quagmire authors' Caffe LeNet), resnet20, logreg, mlp, cifar-cnn (McMahan et "
+    model: str = opt("cnn", help="network: cnn (McMahan et al. 2017's CNN), lenet (the Quagmire authors' Caffe LeNet), resnet20, logreg, mlp, cifar-cnn (McMahan et "
                      "al.'s CIFAR-10 CNN, the TensorFlow tutorial's with its LRN, as Hsu et al. 2019 use it), or a "
                      "plugin MODULE:FUNCTION (docs/plugins.md)")
     norm: str = opt("none", choices=NORMS, help="normalization layers: none, batch (BN), group (GN), batchrenorm "
@@ -360,8 +359,8 @@ class AlgoConfig:
                                          help="IWDS per-sample weight schedule beta0,beta_m,rho")
     iwds_mode: str = opt("reweight", algos=FEDAVG, choices=IWDS_MODES, help="with --iwds: resample: draw each "
                          "minibatch with p(k,i) proportional to w_{k,i,t}, as the IWDS paper does; reweight: uniform "
-                         "minibatches, each example's loss weighted by w (geodml's form before issue 23, kept as the "
-                         "default so earlier runs keep their meaning)")
+                         "minibatches, each example's loss weighted by w (the default, so that earlier runs keep their "
+                         "meaning)")
     fednova: bool = opt(False, algos=FEDAVG, help="FedNova (Wang et al. 2020): average the participants' updates "
                         "normalized by their local steps ||a_i||_1 and rescale by tau_eff = sum p_i ||a_i||_1; "
                         "resets the local momentum every round")
