@@ -11,25 +11,27 @@ Every cell's runs on every R had to agree with each other already (the design's 
 does not change a result), so one record per cell serves every R; where today's main did not
 agree (a field below), the record keeps each R's value and the test says why.
 
-Runs are subprocesses with the CPU kernels pinned to AVX2 (``KERNEL_ENV``: torch's, oneDNN's and,
-since 2026-12-03, MKL's), so the records hold on any x86-64 machine with AVX2 whatever its widest
-vector unit. The first records (torch's and oneDNN's kernels pinned, MKL not) held on the AVX-512
+Runs are subprocesses with the CPU kernels pinned (``KERNEL_ENV``): torch's and oneDNN's to AVX2 and
+MKL's to its COMPATIBLE branch, so that the records hold on any x86-64 machine with AVX2, Intel's or
+AMD's, whatever its widest vector unit. History: the first records (MKL not pinned) held on the AVX-512
 machine that wrote them and differed in the last bits of every loss on an AMX (Sapphire Rapids)
-machine, and in CI; they were rewritten from the same commit c3a6901 (its code, tests/golden as of
-5af0a9e) with MKL pinned too, and today's engine reproduces them.
+machine and in CI; the second (MKL_CBWR=AVX2, 2026-12-03) held on Intel machines but not on an AMD
+EPYC, where MKL ignores the AVX2 branch (AVX2, AVX and no setting gave one result there, COMPATIBLE
+another, the Intel record a third). Each time the records were rewritten from the same commit c3a6901
+(its code, tests/golden as of 5af0a9e, with only KERNEL_ENV changed), and today's engine reproduces
+them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-KERNEL_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
-              "MKL_CBWR": "AVX2", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2",
-              "GEODML_POISON_SCRATCH": "1"}
-"""The environment of every golden run: torch's, oneDNN's and MKL's kernels at AVX2 (MKL_CBWR: MKL's
-conditional numerical reproducibility, the same bits on every CPU with AVX2; without it MKL picks its
-code path by CPU generation, and records written on one generation of AVX-512 machine differed in the
-last bits of every loss on another, an AMX one), one thread; the engine's shared buffers poisoned at
+KERNEL_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_CBWR": "COMPATIBLE",
+              "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2", "GEODML_POISON_SCRATCH": "1"}
+"""The environment of every golden run: torch's and oneDNN's kernels at AVX2, MKL's at COMPATIBLE (MKL_CBWR:
+MKL's conditional numerical reproducibility; COMPATIBLE is the branch its documentation names for the
+same results on Intel and non-Intel processors; without it MKL picks its code path by CPU model), one
+thread; the engine's shared buffers poisoned at
 every switch between hosted partitions (geodml.engine.worker), so a run that read one across a wait
 would not match its record (the records were written without it: the engine before the change had no
 shared buffers to poison)."""
