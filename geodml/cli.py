@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import tomllib
+from pathlib import Path
 from typing import Any, Callable, NoReturn
 
 from geodml import __version__
@@ -85,8 +86,29 @@ def _shown_default(o: Option) -> str | None:
     return str(o.default)
 
 
+COMMON = ("algo", "partitions", "dataset", "partition", "skew", "alpha", "epochs", "steps", "lr", "topology", "wan",
+          "out", "seed", "eval_every")
+"""The options a first run needs, shown first in --help in this order (destinations)."""
+TOPOLOGY_DIR = Path(__file__).resolve().parent.parent / "topologies"
+"""geodml.comm.topology.TOPOLOGY_DIR, without importing geodml.comm (which imports torch): the shipped topologies."""
+EPILOG = """examples:
+  python -m geodml --algo gaia --lr 0.002 --partitions 5 --topology five-continents --dataset digits --epochs 10
+  python -m geodml --algo fedavg --iter-local 20 --partition label --skew 1.0 --partitions 5 --out runs/fedavg
+  torchrun --nproc_per_node=5 -m geodml --algo dgc --lr 0.002 --dataset fashion-mnist
+  python -m geodml --config runs/fedavg --seed 1 --out runs/fedavg-s1      # run a run again, another seed
+  python -m geodml.report runs/gaia runs/fedavg --target 0.9                # compare runs
+docs: README.md (quickstart, terms), docs/run-directory.md (outputs), docs/wan.md (topologies)"""
+
+
+def shipped_topologies() -> list[str]:
+    """The names ``--topology`` takes without a path (topologies/NAME.toml)."""
+    return sorted(p.stem for p in TOPOLOGY_DIR.glob("*.toml"))
+
+
 def _help(o: Option) -> str:
     text = f"{'/'.join(o.algos)}: {o.help}" if o.algos else o.help
+    if o.dest == "topology":
+        text += f"; shipped: {', '.join(shipped_topologies())}"
     default = _shown_default(o)
     return (text if default is None else f"{text} (default {default})").replace("%", "%%")
 
@@ -104,16 +126,24 @@ def _add_kwargs(o: Option) -> dict[str, Any]:
 
 def build_parser(extra: tuple[Option, ...] = ()) -> argparse.ArgumentParser:
     """The parser of every option, and ``extra`` ones (a plugin algorithm's, :func:`plugin_of`)."""
-    p = _Parser(prog="geodml", description="Emulate decentralized, geo-distributed training over non-IID data. "
-                "Run one process per data partition: torchrun --nproc_per_node=K -m geodml [flags].",
-                argument_default=argparse.SUPPRESS)
+    p = _Parser(prog="geodml", usage="python -m geodml [options]   or   torchrun --nproc_per_node=K -m geodml [options]",
+                description="Emulate decentralized, geo-distributed training over non-IID data.\npython -m geodml "
+                "--partitions P hosts P partitions on this machine; under torchrun each rank is one partition.",
+                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter, argument_default=argparse.SUPPRESS)
     p.add_argument("--version", action="version", version=f"geodml {__version__}")
-    p.add_argument("--config", metavar="FILE",
+    common = p.add_argument_group("common options (the rest follow, by topic)")
+    common.add_argument("--config", metavar="FILE",
                    help="defaults for the flags: a TOML file (flat keys that are flag names, or [section] tables "
                    "as in a run's config.json), or a run's config.json or run directory to run it again (its "
                    "--out and --resume are not carried over); flags override it")
     groups: dict[str, Any] = {}
-    for o in sorted((*OPTIONS, *extra), key=lambda o: HELP_ORDER.index(o.section)):
+    every = (*OPTIONS, *extra)
+    for dest in COMMON:
+        o = next(o for o in every if o.dest == dest)
+        common.add_argument(o.flag, dest=o.dest, help=_help(o), **_add_kwargs(o))
+    for o in sorted(every, key=lambda o: HELP_ORDER.index(o.section)):
+        if o.dest in COMMON:
+            continue
         if o.group not in groups:
             groups[o.group] = p.add_argument_group(o.group)
         groups[o.group].add_argument(o.flag, dest=o.dest, help=_help(o), **_add_kwargs(o))

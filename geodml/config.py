@@ -185,7 +185,8 @@ class ModelConfig:
 
     GROUP: ClassVar[str] = "model"
 
-    model: str = opt("cnn", help="network: cnn (McMahan et al. 2017's CNN), lenet (the Quagmire authors' Caffe LeNet), resnet20, logreg, mlp, cifar-cnn (McMahan et "
+    model: str = opt("cnn", help="network: cnn (McMahan et al. 2017's CNN), lenet (the Quagmire authors' Caffe LeNet), "
+                     "resnet20, logreg, mlp, cifar-cnn (McMahan et "
                      "al.'s CIFAR-10 CNN, the TensorFlow tutorial's with its LRN, as Hsu et al. 2019 use it), or a "
                      "plugin MODULE:FUNCTION (docs/plugins.md)")
     norm: str = opt("none", choices=NORMS, help="normalization layers: none, batch (BN), group (GN), batchrenorm "

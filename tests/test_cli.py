@@ -286,7 +286,8 @@ def test_every_config_field_is_a_flag_with_its_default_and_help():
     text = " ".join(build_parser().format_help().split())
     for o in OPTIONS:
         assert o.flag in text and o.help.split(";")[0].split("(")[0].strip() in text, o.flag
-    for group in ("algorithm:", "SkewScout (Quagmire section 7):", "data:", "model:", "optimization:",
+    for group in ("common options (the rest follow, by topic):", "SkewScout (Quagmire section 7):", "data:", "model:",
+                  "optimization:",
                   "WAN and communication:", "run:", "metrics:", "reliability (docs/reliability.md):"):
         assert group in text
     assert "--lr LR initial learning rate eta_0 (default 0.02)" in text
@@ -359,7 +360,25 @@ def test_help_groups_each_algorithms_options_under_it():
             sections[current].append(line.split()[0])
     assert "--t0" in sections["algorithm gaia"] and "--sparsity" in sections["algorithm dgc"]
     assert "--iter-local" in sections["algorithm fedavg"] and "--prox-mu" in sections["algorithm fedavg"]
-    assert sections["algorithm"] == ["--algo"]
+    # what a first run needs comes first, in one group, and nowhere else
+    first = next(name for name in sections if name != "options")
+    assert first.startswith("common options") and sections[first][:3] == ["--config", "--algo", "--partitions"]
+    assert {"--topology", "--out", "--steps", "--lr"} <= set(sections[first]) and "algorithm" not in sections
+    assert sum(flags.count("--topology") for flags in sections.values()) == 1
+
+
+def test_help_lists_the_shipped_topologies_and_ends_with_examples():
+    from geodml.cli import TOPOLOGY_DIR, build_parser, shipped_topologies
+    from geodml.comm.topology import TOPOLOGY_DIR as LOOKED_UP
+    assert TOPOLOGY_DIR == LOOKED_UP and "five-continents" in shipped_topologies()
+    text = build_parser().format_help()
+    assert "shipped: " + ", ".join(shipped_topologies()) in " ".join(text.split()).replace("- ", "-")
+    examples = text[text.index("\nexamples:\n"):].splitlines()[2:]
+    commands = [line.split("#")[0].split() for line in examples if line.startswith("  python -m geodml --")]
+    assert len(commands) >= 3
+    for argv in commands:   # every example's flags parse (but --config's, which names a run made before)
+        if "--config" not in argv:
+            parse_config(argv[3:])
 
 
 @pytest.mark.parametrize(("argv", "hint"), [
