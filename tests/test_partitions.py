@@ -76,10 +76,12 @@ def test_hosted_partitions_go_to_a_gpu_only_with_device_cuda(monkeypatch, tmp_pa
         assert preflight(cfg, env, data=False).backend == backend, flags
 
 
-IN_GOLDEN_SUITE = ("bsp", "gaia-skewscout", "dgc")
-"""Settings whose one- and six-process runs the golden suite already compares with its records bit for bit
-(tests/test_golden.py: cells bsp, gaia-skewscout, dgc at R = 1 and 6): here only in the whole matrix
-(``-m golden_full``), which keeps the suite within CI's time (the rest run in every suite run)."""
+IN_GOLDEN_SUITE = tuple(ALGOS)
+"""Settings whose process-count checks the golden suite covers (tests/test_golden.py compares every suite cell's
+runs on its first and last process counts with records written before the one-engine change: bsp, gaia-skewscout,
+dgc and fedavg-sampled-fedavgm-fedprox at R = 1 and 6; local, fedir-fedvc-fedavgm, iwds-reweight and
+fedavg-reset-partial at R = 1 and 2). This test, which compares R = 1, 2, 3 and 6 with each other, runs in the
+whole matrix (``-m golden_full``) only, to keep the suite within CI's time."""
 
 
 @pytest.mark.integration
