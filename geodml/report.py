@@ -635,7 +635,7 @@ def render_html(runs: list[Run], studies: list[Study], *, target: float | None, 
     from geodml import __version__
     target = default_target(runs) if target is None else target
     sections = [(f"study-{s.name}", f"study {s.name}", _study_section(s, plt)) for s in studies]
-    sections.append(("runs", "runs", _section("runs", "Runs", _table(SUMMARY_HEADERS, summary_rows(runs), cls="summary"))))
+    sections.append(("runs", "runs", _section("runs", "Runs", _wide_table(SUMMARY_HEADERS, summary_rows(runs), cls="summary"))))
     settings = _settings_section(runs)
     if settings:
         sections.append(("settings", "settings", settings))
@@ -747,9 +747,9 @@ def main(argv: list[str] | None = None) -> int:
         runs, _ = load_inputs(args.runs)
         target = args.target if args.target is not None else default_target(runs)
         if args.out or not args.html:  # (--html alone: the page holds the table, stdout names the page only)
-            print(("target accuracy " + ("-" if target is None else f"{100 * target:.1f}%")
-                   + (" (--target)" if args.target is not None else " (95% of the best, rounded down; --target sets it)")))
-            print(console_table(runs, target) + "\n")
+            _say("target accuracy " + ("-" if target is None else f"{100 * target:.1f}%")
+                 + (" (--target)" if args.target is not None else " (95% of the best, rounded down; --target sets it)"))
+            _say(console_table(runs, target) + "\n")
         written: list[Path] = []
         if args.html:
             written.append(write_html(args.runs, args.html, target=args.target))
@@ -761,8 +761,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"geodml.report: error: {exc}", file=sys.stderr)
         return 2
     for path in written:
-        print(path)
+        _say(str(path))
     return 0
+
+
+def _say(line: str) -> None:
+    """Print ``line``; a reader that has gone (``| head``) leaves the rest of the report to be written, unprinted."""
+    import os
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 if __name__ == "__main__":

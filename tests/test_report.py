@@ -102,7 +102,10 @@ def test_html_report_of_runs(tmp_path):
     assert all(base64.b64decode(data).startswith(PNG_MAGIC) and len(data) > 5000 for _, data in figures)
     # summary: one row per run, the running one marked; the target table: 95% of the best accuracy (0.9 -> 0.85)
     assert page.count('<td class="state-finished">finished</td>') == 2 and "running or stopped" in page
-    assert "<td>gaia</td><td>t0=0.1</td>" in page and '<td class="num">0.9000</td>' in page
+    # the runs table is wider than long: one column per run (transposed), one row per field
+    assert '<table class="summary transposed"><tr><th>run</th><th>bsp</th><th>gaia</th><th>gaia-live</th></tr>' in page
+    assert "<tr><td>knob (final)</td><td>-</td><td>t0=0.1</td><td>-</td></tr>" in page
+    assert '<tr><td>final accuracy</td><td class="num">0.9000</td><td class="num">0.8000</td>' in page
     # the settings that differ: only the algorithm (these runs' config.json name nothing else)
     assert ('<h2>Settings that differ between the runs</h2>' in page
             and "<tr><th>run</th><th>algo</th></tr><tr><td>bsp (bsp)</td><td>bsp</td></tr>" in page)
@@ -153,9 +156,8 @@ def test_html_report_shows_topology_lr_and_every_differing_flag(tmp_path):
     _configure(a, topology="five-continents", optim={"lr": 0.002}, algo={"t0": 0.1}, comm={"timeout_s": 60.0})
     _configure(b, topology="five-continents", optim={"lr": 0.01}, algo={"t0": 0.1}, comm={"timeout_s": 30.0})
     page = write_html([a, b], tmp_path / "r.html").read_text()
-    assert "<th>topology</th><th>lr</th>" in page
-    assert '<td>five-continents</td><td class="num">0.002</td>' in page
-    assert '<td>five-continents</td><td class="num">0.01</td>' in page
+    assert ('<tr><td>topology</td><td>five-continents</td><td>five-continents</td></tr>'
+            '<tr><td>lr</td><td class="num">0.002</td><td class="num">0.01</td></tr>') in page
     assert "<tr><th>run</th><th>lr</th><th>comm-timeout</th></tr>" in page
     assert "<td>gaia t0=0.1 (g1)</td><td>0.002</td><td>60</td>" in page and "<th>t0</th>" not in page
 
