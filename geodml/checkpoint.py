@@ -238,8 +238,9 @@ class Checkpointer:
     # ---- save ----------------------------------------------------------------------------
     def __call__(self, trainer: Trainer) -> None:
         step = trainer.state.step
-        if self.every_steps and step % self.every_steps == 0 and step < trainer.total_steps:
-            self.save(trainer)
+        due = step % self.every_steps == 0 if self.every_steps else False
+        if self.every_steps and (due or trainer.interrupt_signum) and step < trainer.total_steps:
+            self.save(trainer)   # periodic, or where a signal ends the run (geodml.interrupt)
 
     def capture(self, trainer: Trainer) -> dict:
         return {"format": FORMAT, "step": trainer.state.step, "rank": self.rank, "world_size": self.world_size,

@@ -451,8 +451,16 @@ def main(argv: list[str] | None = None, *, spawn: bool = False) -> int:
         from geodml.engine.launcher import spawn as spawn_ranks
         return spawn_ranks(sys.argv[1:] if argv is None else argv, processes)
     from geodml.compose import InputError, run  # (torch is imported after the flags: --help stays fast)
+    from geodml.interrupt import Interrupted, interrupted_text, on_signals
     try:
-        run(cfg, env, pre)
+        with on_signals():
+            run(cfg, env, pre)
+    except Interrupted as stop:   # a signal, at a step every rank agreed on (geodml.interrupt)
+        if is_rank0:
+            print(interrupted_text(stop, list(sys.argv[1:] if argv is None else argv),
+                                   under_torchrun=env.under_torchrun and "TORCHELASTIC_RUN_ID" in os.environ),
+                  file=sys.stderr, flush=True)
+        return stop.exit_code
     except InputError as exc:  # found during set-up, after the process group exists (docs/reliability.md)
         return _bad_input_exit(str(exc), is_rank0)
     except StartupError as exc:  # a rank never joined: name it, no traceback

@@ -229,17 +229,22 @@ def _exit_lost(message: str) -> None:
     os._exit(PEER_LOST_EXIT)
 
 
-def stopped_from_outside(watch: PeerWatch, rank: int) -> Callable[[int, Any], None]:
+def stopped_from_outside(watch: PeerWatch, rank: int, ordinary: Any = None) -> Callable[[int, Any], None]:
     """A SIGTERM handler: torchrun's agent stops its workers when the job lost a rank elsewhere
     (on a two-node job whose rendezvous host lost a rank, the other agent fails within a second,
     before any heartbeat times out). Say what this rank's watch last saw -- which peer went silent,
-    whether the store stopped answering -- then die of the signal as before. Silent when the watch
-    saw nothing wrong (an ordinary shutdown)."""
+    whether the store stopped answering -- then die of the signal as before. When the watch saw
+    nothing wrong, the SIGTERM is an ordinary one (a user, SLURM, torchrun passing on a Ctrl-C): it
+    goes to ``ordinary``, the handler this one replaced (geodml.interrupt's: the run stops at an agreed
+    step), or, without one, ends the process as SIGTERM does."""
     def handler(signum: int, frame: Any) -> None:
         seen = watch.diagnose()
         if seen:
             print(f"geodml: error: rank {rank} stopped by its torchrun agent (SIGTERM) after the job lost a peer: {seen}",
                   file=sys.stderr, flush=True)
+        elif callable(ordinary):
+            ordinary(signum, frame)
+            return
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
     return handler

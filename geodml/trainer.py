@@ -333,6 +333,7 @@ class Trainer:
         self.wall_t0 = time.monotonic()
         self.resumed_wall_s = 0.0  # the training wall time a restored checkpoint had recorded (0: a fresh run)
         self.diverged_at_step: int | None = None  # --divergence-loss ended the loop after this step
+        self.interrupt_signum = 0  # a signal some rank received, learnt at a log line: the run ends there (geodml.interrupt)
         self._grad_keep: torch.Tensor | None = None  # --divergence-loss: the gradient across its check's wait
 
     # ---- checkpoint ----------------------------------------------------------------------
@@ -429,8 +430,11 @@ class Trainer:
                 do_eval = s.step % self.eval_every == 0 or s.step in self.eval_at
                 if do_eval or s.step % self.log_every == 0:
                     self._log(lr, with_eval=do_eval)
-            for hook in self.step_hooks:
+            for hook in self.step_hooks:   # (the checkpointer writes one at an interrupted step too)
                 hook(self)
+            if self.interrupt_signum:
+                from geodml.interrupt import Interrupted
+                raise Interrupted(self.interrupt_signum, s.step, self.total_steps)
             if stop:
                 break
         self.algo.finish()
@@ -445,7 +449,10 @@ class Trainer:
         local = torch.tensor([s.loss_sum, float(s.loss_count), float(s.correct), float(s.seen),
                               float(self.comm.ledger.wan_bytes)], dtype=torch.float64)
         self.comm.meta_all_reduce(local)
-        emu = max(self.comm.meta_all_gather_object(self._emulated_s()))
+        from geodml.interrupt import requested
+        seen = self.comm.meta_all_gather_object((self._emulated_s(), requested()))
+        emu = max(e for e, _ in seen)
+        self.interrupt_signum = requested() or max(signum for _, signum in seen)   # every rank stops here alike
         rec = {
             "step": s.step,
             "epoch": s.step / self.spe,

@@ -53,11 +53,16 @@ def host(cfg: RunConfig, env: Env, pre: Preflight, *, device_name: str) -> dict 
     torch.set_num_threads(cfg.threads)
     wall_t0 = time.monotonic()
     startup = Startup()  # per-rank start-up breakdown -> rank<k>/startup.json (docs/launch.md)
+    from geodml.interrupt import Interrupted
     with joined(cfg, env, pre.backend, device_name) as (device, out):
         startup.lap("process_group_s")
-        if P == R:
-            return _one_partition(cfg, env, pre, out=out, device=device, startup=startup, wall_t0=wall_t0)
-        return _hosted(cfg, env, pre, block=block, out=out, device=device, wall_t0=wall_t0)
+        try:
+            if P == R:
+                return _one_partition(cfg, env, pre, out=out, device=device, startup=startup, wall_t0=wall_t0)
+            return _hosted(cfg, env, pre, block=block, out=out, device=device, wall_t0=wall_t0)
+        except Interrupted as stop:
+            stop.out = out   # for the CLI's line: where the checkpoint is
+            raise
 
 
 def _one_partition(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: torch.device, startup: Startup,
@@ -89,6 +94,9 @@ def _hosted(cfg: RunConfig, env: Env, pre: Preflight, *, block: range, out: Path
         group_box: list = []
 
         def on_error(exc: BaseException) -> None:
+            from geodml.interrupt import Interrupted
+            if isinstance(exc, Interrupted):
+                return   # every hosted partition stops at this step by itself; the group stays up for them
             if group_box:
                 group_box[0].abort(f"a partition failed: {type(exc).__name__}: {exc}")
 

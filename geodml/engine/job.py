@@ -32,9 +32,15 @@ def _peer_watch(cfg: RunConfig, env: Env) -> Iterator[None]:
     from geodml.peerwatch import PeerWatch, looks_like_peer_loss, stopped_from_outside
     watch = PeerWatch(rank=env.rank, world_size=env.world_size, timeout_s=cfg.reliability.peer_timeout_s).start()
     main = threading.current_thread() is threading.main_thread()  # signal handlers live in the main thread
-    previous = signal.signal(signal.SIGTERM, stopped_from_outside(watch, env.rank)) if main else None
+    previous = signal.getsignal(signal.SIGTERM) if main else None
+    if main:
+        signal.signal(signal.SIGTERM, stopped_from_outside(watch, env.rank, previous))
+    from geodml.interrupt import Interrupted
     try:
         yield
+    except Interrupted:   # every rank stops at the same step: an ordinary end for the peers
+        watch.stop(done=True)
+        raise
     except InputError as failure:
         watch.mark_failed(input_error=str(failure))  # the peers exit 2 too; rank 0 prints it
         watch.stop(done=False)
@@ -76,7 +82,12 @@ def joined(cfg: RunConfig, env: Env, backend: str, device: str) -> Iterator[tupl
         out = agree_on_out_dir(env, cfg.out, cfg.algo.algo)
         # The watch starts once the process group exists: started before it, 16 ranks on 2 cores
         # showed a heartbeat silent for 30 s during the group's set-up (a false "rank 0 lost").
-        with _peer_watch(cfg, env):
-            yield dev, out
-            fault_point("finished", env.rank, out)
+        from geodml.interrupt import Interrupted
+        try:
+            with _peer_watch(cfg, env):
+                yield dev, out
+                fault_point("finished", env.rank, out)
+        except Interrupted:
+            leave_together(store, env)
+            raise
         leave_together(store, env)   # the peer watch has stopped: rank 0 keeps the store until everyone is out

@@ -13,8 +13,10 @@ worker model, no locks on its scratch).
 
 The launcher waits for its children and returns rank 0's exit code (the one that printed the run's
 messages), or the first other non-zero one. A signal it receives (SIGINT, SIGTERM) is passed on to
-the children, which end their run; if they have not ended ``STOP_GRACE_S`` after that, they are
-killed. ``GEODML_PROCESSES`` in the environment sets the default of ``--processes`` (the test suite
+the children once, which end their run at an agreed step (geodml.interrupt); a second one, or their
+not having ended ``STOP_GRACE_S`` after the first, kills them. The children run in a session of their
+own, so a Ctrl-C at the terminal reaches them only through the launcher. ``GEODML_PROCESSES`` in the
+environment sets the default of ``--processes`` (the test suite
 sets 1).
 """
 
@@ -81,7 +83,11 @@ def spawn(argv: Sequence[str], processes: int) -> int:
             env = {**base, "RANK": str(rank), "WORLD_SIZE": str(processes), "LOCAL_RANK": str(rank),
                    "LOCAL_WORLD_SIZE": str(processes), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                    PROCESSES_ENV: str(processes)}
-            children.append(subprocess.Popen([sys.executable, "-m", "geodml", *argv], env=env))
+            # In a session of their own: a Ctrl-C at the terminal reaches this process only, which passes it on
+            # once (the ranks then stop at an agreed step, geodml.interrupt; two would be the "stop at once"
+            # signal); they get SIGTERM if this process dies without passing anything on.
+            children.append(subprocess.Popen([sys.executable, "-m", "geodml", *argv], env=env, start_new_session=True,
+                                             preexec_fn=_terminate_with_parent))
         codes = [c if c >= 0 else 128 - c for c in _wait(children, stopping)]  # -N: killed by signal N
     finally:
         for s, h in previous.items():
@@ -93,6 +99,15 @@ def spawn(argv: Sequence[str], processes: int) -> int:
     if codes[0] != 0:
         return codes[0]
     return next((c for c in codes if c != 0), 0)
+
+
+def _terminate_with_parent() -> None:
+    """In the child before exec: SIGTERM when the launcher dies (Linux prctl PR_SET_PDEATHSIG; elsewhere nothing)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
 
 
 def _wait(children: list[subprocess.Popen], stopping: list[int]) -> list[int]:

@@ -1,0 +1,100 @@
+"""Signals end a run at a step every rank agrees on (docs/reliability.md "Signals").
+
+SIGINT (Ctrl-C), SIGTERM (what SLURM, Kubernetes and torchrun send before a kill) and SIGUSR1 (SLURM's
+``--signal``) do not stop a process where it happens to be. :func:`on_signals` records the first one;
+the training loop (geodml.trainer) reads :func:`requested` at its next log line, whose collective
+already joins every partition, so every rank learns of a signal that any rank received at the same
+step. There it writes a checkpoint when the run has checkpoints (``--checkpoint-every``), and
+:class:`Interrupted` ends the run on every rank; the CLI prints one line (the step, the checkpoint
+or that there is none, the command that resumes the run) and exits 128 + the signal's number (130
+for SIGINT, 143 for SIGTERM). A second signal ends the process at once, as the signal's default
+action would. A run stops at most ``--log-every`` steps after the signal (default 10).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+"""The signals that end a run at an agreed step."""
+
+_received: list[int] = []
+
+
+class Interrupted(Exception):
+    """A signal ended the run at ``step`` (of ``total_steps``), on every rank alike."""
+
+    def __init__(self, signum: int, step: int, total_steps: int) -> None:
+        super().__init__(f"interrupted by {signal.Signals(signum).name} at step {step} of {total_steps}")
+        self.signum, self.step, self.total_steps = signum, step, total_steps
+        self.out: Path | None = None
+        """The run directory (set by the engine)."""
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+def requested() -> int:
+    """The number of the first signal this process received while :func:`on_signals` was active; 0: none."""
+    return _received[0] if _received else 0
+
+
+def _handler(signum: int, frame: Any) -> None:
+    if _received:   # the second signal: its default action, now
+        for s in SIGNALS:
+            signal.signal(s, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    _received.append(signum)
+    if os.environ.get("RANK", "0") == "0":
+        print(f"geodml: {signal.Signals(signum).name} received: the run stops at its next log line (a checkpoint "
+              "there if --checkpoint-every is set); a second signal stops it at once", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def on_signals() -> Iterator[None]:
+    """Record SIGINT, SIGTERM and SIGUSR1 for the body instead of acting on them (module docstring); the
+    previous handlers come back after it. Outside the main thread (where Python runs handlers) a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _received.clear()
+    previous = {s: signal.signal(s, _handler) for s in SIGNALS}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def resume_command(argv: list[str], out: Path, *, under_torchrun: bool) -> str:
+    """The command that continues an interrupted run: the same flags, ``--resume``, and ``--out`` if they
+    did not name it (a default run directory is new on every start)."""
+    import shlex
+    args = [a for a in argv if a != "--resume"]
+    if not any(a == "--out" or a.startswith("--out=") for a in args):
+        args += ["--out", str(out)]
+    line = " ".join(shlex.quote(a) for a in [*args, "--resume"])
+    return (f"the same torchrun command with the flags {line}" if under_torchrun else f"python -m geodml {line}")
+
+
+def interrupted_text(stop: Interrupted, argv: list[str], *, under_torchrun: bool) -> str:
+    """The CLI's lines for a run a signal ended: where it stopped, its checkpoint or that it has none, and
+    how to resume it."""
+    from geodml.checkpoint import list_steps
+    out = stop.out
+    steps = list_steps(out, 0) if out is not None else []
+    head = f"geodml: interrupted ({signal.Signals(stop.signum).name}) at step {stop.step} of {stop.total_steps}; "
+    if not steps or out is None:
+        return head + ("no checkpoint: the run cannot be resumed (give --checkpoint-every N to make runs resumable; "
+                       f"run it again with another --out, or with --resume in {out} to start afresh there)")
+    return (head + f"checkpoint at {out} (step {steps[-1]})\n"
+            f"geodml: resume with: {resume_command(argv, out, under_torchrun=under_torchrun)}")

@@ -1,0 +1,134 @@
+"""Signals end a run cleanly (geodml.interrupt, docs/reliability.md "Signals"): SIGINT or SIGTERM to a run with
+hosted partitions, in one process or through the launcher, stops every partition at one agreed step, writes a
+checkpoint there when the run has checkpoints, prints one line with the step and the checkpoint and the command
+that resumes it, and exits 128 + the signal (130, 143), without a traceback; the printed command finishes the run
+with the same final weights as a run never interrupted."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from geodml.cli import main
+from geodml.interrupt import resume_command
+from tests.support.procs import REPO, _env, _kill
+
+RUN = ["--algo", "fedavg", "--iter-local", "7", "--partitions", "4", "--dataset", "digits", "--model", "mlp", "--steps",
+       "1500", "--eval-every", "500", "--log-every", "10", "--no-progress", "--seed", "3"]
+
+
+def _start(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "geodml", *argv], cwd=REPO, env=_env(env), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _signal_once_started(p: subprocess.Popen, out: Path, signum: int, timeout_s: float = 120) -> None:
+    """The signal as soon as the run directory has its header (the ranks have joined): the run then stops at its
+    first log line at the latest, long before its end (it cannot finish first, however fast it trains)."""
+    deadline = time.monotonic() + timeout_s
+    while not (out / "config.json").exists():
+        assert p.poll() is None, p.communicate()
+        assert time.monotonic() < deadline, "the run did not start within the time"
+        time.sleep(0.02)
+    os.kill(p.pid, signum)
+
+
+def _finish(p: subprocess.Popen, timeout_s: float = 120) -> tuple[int, str]:
+    try:
+        _, err = p.communicate(timeout=timeout_s)
+    finally:
+        _kill([p])
+    return p.returncode, err
+
+
+def _models(out: Path) -> dict[str, torch.Tensor]:
+    return torch.load(out / "model.pt", weights_only=True)
+
+
+def _resume_argv(err: str) -> list[str]:
+    (line,) = [x for x in err.splitlines() if x.startswith("geodml: resume with: python -m geodml ")]
+    return shlex.split(line.removeprefix("geodml: resume with: python -m geodml "))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict[str, torch.Tensor]:
+    out = tmp_path_factory.mktemp("whole") / "run"
+    assert main([*RUN, "--out", str(out)]) == 0
+    return _models(out)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("signum", "processes"), [(signal.SIGINT, "1"), (signal.SIGTERM, "2")])
+def test_a_signal_stops_at_an_agreed_step_with_a_checkpoint_and_the_resume_finishes_the_run(
+        signum, processes, tmp_path, uninterrupted):
+    out = tmp_path / "run"
+    p = _start([*RUN, "--checkpoint-every", "100", "--processes", processes, "--out", str(out)])
+    _signal_once_started(p, out, signum)
+    code, err = _finish(p)
+    assert code == 128 + signum, err
+    assert "Traceback" not in err and "[rank" not in err, err
+    lines = [x for x in err.splitlines() if x.startswith("geodml: interrupted")]
+    assert len(lines) == 1, err
+    name = signal.Signals(signum).name
+    step = int(lines[0].split(" at step ")[1].split()[0])
+    assert lines[0] == f"geodml: interrupted ({name}) at step {step} of 1500; checkpoint at {out} (step {step})"
+    assert 10 <= step < 1500 and step % 10 == 0   # a log step
+    for rank in range(4):   # every partition stopped at that step and left a checkpoint of it, and only of it
+        assert sorted(f.name for f in (out / f"rank{rank}").glob("ckpt-*.pt")) == [f"ckpt-{step:08d}.pt"]
+    assert not (out / "summary.json").exists()
+    argv = _resume_argv(err)
+    assert argv[-1] == "--resume" and argv[argv.index("--out") + 1] == str(out)
+    r = subprocess.run([sys.executable, "-m", "geodml", *argv], cwd=REPO, env=_env(), capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"resumed from step {step}" in r.stdout + r.stderr
+    got = _models(out)
+    assert got.keys() == uninterrupted.keys() and all(torch.equal(got[k], uninterrupted[k]) for k in got)
+
+
+@pytest.mark.integration
+def test_without_checkpoints_it_says_the_run_cannot_be_resumed(tmp_path):
+    out = tmp_path / "run"
+    p = _start([*RUN, "--out", str(out)])
+    _signal_once_started(p, out, signal.SIGINT)
+    code, err = _finish(p)
+    assert code == 130 and "Traceback" not in err, err
+    (line,) = [x for x in err.splitlines() if x.startswith("geodml: interrupted")]
+    assert "; no checkpoint: the run cannot be resumed (give --checkpoint-every N" in line
+    assert "resume with" not in err
+
+
+@pytest.mark.integration
+def test_a_second_signal_stops_at_once(tmp_path):
+    """The first signal asks for a stop at the next log line; a second one before it ends the process then. With
+    --log-every larger than the run, only the second can end it early."""
+    out = tmp_path / "run"
+    p = _start([*RUN, "--log-every", "100000", "--eval-every", "100000", "--out", str(out)])
+    deadline = time.monotonic() + 120
+    while not (out / "config.json").exists():
+        assert p.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(1.0)
+    os.kill(p.pid, signal.SIGINT)
+    time.sleep(1.0)
+    assert p.poll() is None   # still training towards the next log line
+    t0 = time.monotonic()
+    os.kill(p.pid, signal.SIGINT)
+    code, err = _finish(p, timeout_s=30)
+    assert time.monotonic() - t0 < 10 and code in (-signal.SIGINT, 130), (code, err)
+    assert "geodml: interrupted" not in err and not (out / "summary.json").exists()
+
+
+def test_resume_command_names_the_out_and_asks_for_resume(tmp_path):
+    assert resume_command(["--algo", "gaia", "--resume"], tmp_path / "r", under_torchrun=False) == (
+        f"python -m geodml --algo gaia --out {tmp_path / 'r'} --resume")
+    assert resume_command(["--out", "x y", "--steps", "5"], Path("x y"), under_torchrun=True) == (
+        "the same torchrun command with the flags --out 'x y' --steps 5 --resume")
