@@ -119,7 +119,7 @@ def _same(a: Any, b: Any) -> bool:
 
 def atomic_save(obj: Any, path: Path) -> None:
     """torch.save to ``path.tmp``, fsync, rename over ``path``: a crash leaves the old file or the new one."""
-    rundir.save_torch(path, obj, fsync=True)
+    rundir.save_torch(path, obj, fsync=True, what="checkpoint")
 
 
 def load_checkpoint(path: Path) -> dict:
@@ -250,7 +250,14 @@ class Checkpointer:
         step = trainer.state.step
         path = checkpoint_path(self.out, self.rank, step)
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_save(self.capture(trainer), path)
+        try:
+            atomic_save(self.capture(trainer), path)
+        except rundir.StorageError as exc:
+            kept = [s for s in list_steps(self.out, self.rank) if s < step]
+            raise rundir.StorageError(f"{exc} at step {step}; "
+                                      + (f"the last complete checkpoint, step {kept[-1]}, is intact: make room and "
+                                         "run the same command with --resume" if kept else
+                                         "no earlier checkpoint: the run cannot be resumed")) from None
         self.saved_steps.append(step)
         if self.world_size > 1:
             trainer.comm.meta_all_reduce(self._barrier)  # every rank has `step` on disk (uncharged barrier)

@@ -371,7 +371,8 @@ def config_of_mapping(raw: dict[str, Any], *, warn: Callable[[str], object] | No
 
 def _error(message: str) -> None:
     print(f"geodml: error: {message}", file=sys.stderr)
-    print("run 'python -m geodml --help' for the flags", file=sys.stderr)
+    if not message.startswith("cannot write "):   # a storage fault (geodml.errors.StorageError) is no flag's fault
+        print("run 'python -m geodml --help' for the flags", file=sys.stderr)
 
 
 # How long a rank other than 0 that found a bad input waits for its torchrun agent's SIGTERM.

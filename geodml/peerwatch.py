@@ -224,7 +224,16 @@ class PeerWatch:
             self._thread.join(self.interval_s + 5)
 
 
+def _flush_stdout() -> None:
+    """What this rank printed so far (its header, progress) before os._exit, which skips Python's flush."""
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+
+
 def _exit_lost(message: str) -> None:
+    _flush_stdout()
     print(message, file=sys.stderr, flush=True)
     os._exit(PEER_LOST_EXIT)
 
@@ -252,6 +261,7 @@ def stopped_from_outside(watch: PeerWatch, rank: int, ordinary: Any = None) -> C
 
 def _exit_input_error(message: str, rank: int) -> None:
     """A peer found a bad input after the process group existed: rank 0 says it, every rank exits 2."""
+    _flush_stdout()
     if rank == 0:
         print(f"geodml: error: {message}", file=sys.stderr, flush=True)
     os._exit(2)

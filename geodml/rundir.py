@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from geodml.errors import StorageError
+
 if TYPE_CHECKING:
     from geodml.algorithms.base import Algorithm
     from geodml.config import RunConfig
@@ -45,25 +47,68 @@ def rank_dir(out: Path | str, rank: int) -> Path:
 
 
 # ---- atomic writers ------------------------------------------------------------------------
+def free_space(path: Path) -> str:
+    """The free space of the file system holding ``path`` (its nearest existing parent), for error messages."""
+    import shutil
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        free = float(shutil.disk_usage(p).free)
+    except OSError:
+        return "free space unknown"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if free < 1000 or unit == "TB":
+            return f"{free:.0f} {unit} free" if unit == "B" else f"{free:.1f} {unit} free"
+        free /= 1000.0
+    return "free space unknown"
+
+
+def storage_error(path: Path, what: str, exc: OSError) -> StorageError:
+    """One line for a failed write: the file, what was being written, the error, the free space."""
+    reason = exc.strerror or type(exc).__name__
+    return StorageError(f"cannot write {what} {path}: {reason} ({free_space(path.parent)} on its file system)")
+
+
+def _atomic(path: Path, what: str, write: Any) -> None:
+    """``write(file)`` into ``path.tmp``, then rename it over ``path``; a failed write removes the temp file,
+    leaves ``path`` as it was, and raises StorageError."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise storage_error(path, what, exc) from None
+
+
 def write_json(path: Path, obj: Any) -> None:
-    """Write ``obj`` as indented JSON atomically (temp file + rename)."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    """Write ``obj`` as indented JSON atomically (temp file + rename); StorageError when it cannot be written."""
+    data = (json.dumps(obj, indent=2, default=str) + "\n").encode()
+    _atomic(Path(path), Path(path).name, lambda f: f.write(data))
 
 
-def save_torch(path: Path, obj: Any, *, fsync: bool = False) -> None:
+def save_torch(path: Path, obj: Any, *, fsync: bool = False, what: str = "model file") -> None:
     """``torch.save`` atomically; ``fsync`` also forces the bytes to disk before the rename
-    (checkpoints: a crash right after must still find a complete file)."""
+    (checkpoints: a crash right after must still find a complete file). StorageError when it cannot be
+    written (RuntimeError from torch's writer on a short write, too)."""
     import torch  # here, not at the top: reports and the study runner read run directories without torch
 
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
+    def write(f: Any) -> None:
+        try:
+            torch.save(obj, f)
+        except RuntimeError as exc:   # torch's zip writer reports a failed write as "unexpected pos ..."
+            if isinstance(exc.__context__, OSError):
+                raise exc.__context__ from None
+            raise OSError(0, f"write failed ({str(exc).splitlines()[0][:120]})") from None
         if fsync:
             f.flush()
             os.fsync(f.fileno())
-    os.replace(tmp, path)
+    _atomic(Path(path), what, write)
 
 
 # ---- reading back --------------------------------------------------------------------------

@@ -12,14 +12,8 @@ from pathlib import Path
 import torch
 
 from geodml.config import RunConfig
+from geodml.errors import InputError
 from geodml.runtime import Env
-
-
-class InputError(ValueError):
-    """A bad input found during set-up, after the process group exists (a port taken between the
-    preflight and the exporter's start, a checkpoint the ranks disagree on, a bind address). The
-    CLI prints it once (rank 0) and every rank exits 2; a rank other than the one that found it
-    learns it through the peer watch (geodml.peerwatch)."""
 
 
 @contextmanager

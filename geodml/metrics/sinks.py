@@ -1,4 +1,5 @@
-"""Metric sinks. A sink receives flat dict records; it never raises into the training loop.
+"""Metric sinks. A sink receives flat dict records; it never raises into the training loop, but for a
+write of metrics.jsonl that fails (a full disk: geodml.errors.StorageError, one line and exit 2).
 
 * ``NullSink``: do nothing (the default on ranks other than 0).
 * ``JsonlSink``: one JSON object per line (metrics.jsonl, the run-directory contract).
@@ -53,12 +54,19 @@ class JsonlSink(Sink):
     """Append records to a .jsonl file, flushed per line so a crash loses at most one line."""
 
     def __init__(self, path: Path) -> None:
+        self.path = Path(path)
         self.f: IO[str] | None = open(path, "a", encoding="utf-8")
 
     def log(self, record: dict) -> None:
         if self.f is not None:
-            self.f.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
-            self.f.flush()
+            line = json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n"
+            try:
+                self.f.write(line)
+                self.f.flush()
+            except OSError as exc:   # a full disk: one clear line for the run, the lines before kept
+                from geodml.rundir import storage_error
+                self.f = None
+                raise storage_error(self.path, "metrics", exc) from None
 
     def close(self) -> None:
         if self.f is not None:

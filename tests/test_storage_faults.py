@@ -1,0 +1,95 @@
+"""Storage faults (docs/reliability.md "Storage faults"): a write of the run that fails (here ENOSPC, from a
+temporary file that is a link to /dev/full, which fails every write with "No space left on device") ends the run
+with one ``geodml: error:`` line naming the file, the operation, the error and the free space, exit 2 on every
+rank, the partial file removed and every file written before intact; a checkpoint's fault names the last
+complete checkpoint, from which --resume finishes the run with the weights of a run never interrupted."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from geodml.cli import main
+from geodml.errors import StorageError
+from geodml.metrics.sinks import JsonlSink
+from tests.support.procs import REPO, _env
+
+RUN = ["--algo", "fedavg", "--iter-local", "7", "--partitions", "4", "--dataset", "digits", "--model", "mlp",
+       "--steps", "40", "--eval-every", "20", "--no-progress", "--seed", "5"]
+
+pytestmark = pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+
+
+def _full(path: Path) -> None:
+    """Make the temporary file of ``path`` a link to /dev/full: its write fails with ENOSPC."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    tmp.symlink_to("/dev/full")
+
+
+def _models(out: Path) -> dict[str, torch.Tensor]:
+    return torch.load(out / "model.pt", weights_only=True)
+
+
+def _error_lines(err: str) -> list[str]:
+    return [x for x in err.splitlines() if x.startswith("geodml: error:")]
+
+
+def test_a_full_disk_at_a_checkpoint_is_one_line_and_resume_finishes_the_run(tmp_path, capsys):
+    whole = tmp_path / "whole"
+    assert main([*RUN, "--out", str(whole)]) == 0
+    out = tmp_path / "run"
+    _full(out / "rank1" / "ckpt-00000020.pt")
+    capsys.readouterr()
+    assert main([*RUN, "--checkpoint-every", "10", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    (line,) = _error_lines(err)
+    assert line.startswith(f"geodml: error: cannot write checkpoint {out / 'rank1' / 'ckpt-00000020.pt'}: No space left "
+                           "on device (") and line.endswith(" free on its file system) at step 20; the last complete "
+                                                            "checkpoint, step 10, is intact: make room and run the "
+                                                            "same command with --resume")
+    assert "Traceback" not in err and "--help" not in err
+    assert not (out / "rank1" / "ckpt-00000020.pt.tmp").exists() and not (out / "summary.json").exists()
+    assert (out / "rank1" / "ckpt-00000010.pt").exists()
+    assert main([*RUN, "--checkpoint-every", "10", "--out", str(out), "--resume"]) == 0
+    assert "resumed from step 10" in capsys.readouterr().out
+    got, want = _models(out), _models(whole)
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
+
+
+@pytest.mark.integration
+def test_a_full_disk_on_another_process_is_one_line_from_rank_0_and_exit_2(tmp_path):
+    """Partition 3 lives in process 1: its fault reaches the launcher's rank 0 through the peer watch."""
+    out = tmp_path / "run"
+    _full(out / "rank3" / "ckpt-00000020.pt")
+    r = subprocess.run([sys.executable, "-m", "geodml", *RUN, "--checkpoint-every", "10", "--processes", "2", "--out",
+                        str(out)], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=180)
+    assert r.returncode == 2, r.stderr[-3000:]
+    (line,) = _error_lines(r.stderr)
+    assert f"cannot write checkpoint {out / 'rank3' / 'ckpt-00000020.pt'}: No space left on device" in line
+    assert "Traceback" not in r.stderr and "[rank" not in r.stderr
+    assert r.stdout.startswith("geodml 0.1.0: fedavg on digits")   # what rank 0 printed before is not lost
+    assert [p.name for p in (out / "rank3").iterdir()] == ["ckpt-00000010.pt"]
+
+
+def test_a_full_disk_at_the_summary_names_it_and_keeps_the_rest(tmp_path, capsys):
+    out = tmp_path / "run"
+    _full(out / "summary.json")
+    assert main([*RUN, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    (line,) = _error_lines(err)
+    assert line.startswith(f"geodml: error: cannot write summary.json {out / 'summary.json'}: No space left on device")
+    assert not (out / "summary.json").exists() and not (out / "summary.json.tmp").exists()
+    assert (out / "metrics.jsonl").read_text().count("\n") >= 2 and (out / "config.json").exists()
+
+
+def test_a_metrics_line_that_cannot_be_written_is_a_storage_error():
+    sink = JsonlSink(Path("/dev/full"))
+    with pytest.raises(StorageError, match=r"^cannot write metrics /dev/full: No space left on device \("):
+        sink.log({"step": 1, "train_loss": 0.5})
+    sink.log({"step": 2})   # once failed, the sink is closed: nothing more is attempted
+    sink.close()
