@@ -214,9 +214,9 @@ def check_before_start(cfg: RunConfig, world_size: int) -> None:
     fp = fingerprint(cfg, world_size)
     if resume_requested(cfg):
         find_resume_step(out, world_size, fp)
-    elif any(list_steps(out, int(p.name[4:])) for p in out.glob("rank*") if p.name[4:].isdigit()):
-        raise ValueError(f"--out {out} holds checkpoints of an earlier run; pass --resume to continue it, "
-                         "or choose another --out")
+    elif not rel.restart and any(list_steps(out, int(p.name[4:])) for p in out.glob("rank*") if p.name[4:].isdigit()):
+        raise ValueError(f"--out {out} holds checkpoints of an earlier run; pass --resume to continue it, --restart "
+                         "to start it afresh there, or choose another --out")
 
 
 # ---- capture and restore ------------------------------------------------------------------

@@ -595,6 +595,8 @@ class ReliabilityConfig:
     resume: bool = opt(False, help="continue from the newest step every rank has a checkpoint of in --out "
                        "(fresh start when none); implied after a torchrun --max-restarts restart "
                        "(TORCHELASTIC_RESTART_COUNT > 0)")
+    restart: bool = opt(False, help="start afresh in --out, replacing the unfinished run there (its metrics.jsonl "
+                        "and checkpoints are removed); a finished run (summary.json) is never replaced")
     peer_timeout_s: float = opt(30.0, metavar="S", help="a rank whose heartbeat (through the torch.distributed store) "
                                 "stops this many seconds is declared lost: every other rank exits non-zero naming it")
     divergence_loss: float | None = opt(None, metavar="LOSS", default_text="off: every step runs",
@@ -608,6 +610,8 @@ class ReliabilityConfig:
                and self.checkpoint_every >= 0,
                f"--checkpoint-every must be an integer >= 0 steps (0 = no checkpoints), got {self.checkpoint_every!r}")
         _check(isinstance(self.resume, bool), f"--resume is a switch (true/false), got {self.resume!r}")
+        _check(isinstance(self.restart, bool), f"--restart is a switch (true/false), got {self.restart!r}")
+        _check(not (self.resume and self.restart), "--resume continues a run and --restart starts it afresh: give one")
         _check(_finite(self.peer_timeout_s) and self.peer_timeout_s > 0,
                f"--peer-timeout-s must be > 0 seconds, got {self.peer_timeout_s!r}")
         _check(self.divergence_loss is None or (isinstance(self.divergence_loss, (int, float))

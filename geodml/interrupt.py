@@ -94,7 +94,7 @@ def interrupted_text(stop: Interrupted, argv: list[str], *, under_torchrun: bool
     steps = list_steps(out, 0) if out is not None else []
     head = f"geodml: interrupted ({signal.Signals(stop.signum).name}) at step {stop.step} of {stop.total_steps}; "
     if not steps or out is None:
-        return head + ("no checkpoint: the run cannot be resumed (give --checkpoint-every N to make runs resumable; "
-                       f"run it again with another --out, or with --resume in {out} to start afresh there)")
+        return head + ("no checkpoint: the run cannot be resumed (give --checkpoint-every N to make runs resumable); "
+                       f"start it again with --restart in {out}, or with another --out")
     return (head + f"checkpoint at {out} (step {steps[-1]})\n"
             f"geodml: resume with: {resume_command(argv, out, under_torchrun=under_torchrun)}")

@@ -330,6 +330,11 @@ def build_parts(cfg: RunConfig, env: Env, pre: Preflight, *, out: Path, device: 
         raise RuntimeError("ranks disagree on the checkpoint step to resume from (is --out on a shared file system?)")
     if is0 and resume_requested(cfg):  # the lines after the checkpoint are written again
         truncate_metrics(out / rundir.METRICS, resume_step or 0)
+    if is0 and cfg.reliability.restart:   # afresh: nothing of the unfinished run is kept (before any rank trains)
+        from geodml.checkpoint import checkpoint_files
+        for old in checkpoint_files(out):
+            old.unlink(missing_ok=True)
+        truncate_metrics(out / rundir.METRICS, 0)
 
     sink: Sink = Sink()
     if is0:

@@ -54,12 +54,12 @@ def preflight(cfg: RunConfig, env: Env, *, data: bool = True) -> Preflight:
         from geodml.metrics.tensorboard import require_tensorboard
         require_tensorboard()
     if not data:
-        rundir.check_not_crashed(cfg.out, resume=resume_requested(cfg))
+        rundir.check_not_crashed(cfg.out, resume=resume_requested(cfg) or cfg.reliability.restart)
         return Preflight(backend=backend, topology=topology, region_of_rank=regions, dataset=None, partitions=[])
     t0 = time.monotonic()
     dataset, parts = load_and_partition(cfg, partitions)
     own_eval = partition_eval_indices(len(dataset.test_y), cfg.partition_eval_examples, cfg.seed)
-    rundir.check_not_crashed(cfg.out, resume=resume_requested(cfg))
+    rundir.check_not_crashed(cfg.out, resume=resume_requested(cfg) or cfg.reliability.restart)
     return Preflight(backend=backend, topology=topology, region_of_rank=regions, dataset=dataset, partitions=parts,
                      data_s=time.monotonic() - t0, own_eval_indices=own_eval,
                      advice=tuple(_advice(cfg, parts, len(dataset.train_y), list(topology.regions), regions)))

@@ -202,15 +202,16 @@ def check_out_dir(out: Path | str | None, *, restarting: bool = False) -> None:
 
 def check_not_crashed(out: Path | str | None, *, resume: bool) -> None:
     """An unfinished run without checkpoints (a crash before the first checkpoint leaves
-    config.json and metrics.jsonl) is refused unless ``resume``: --resume starts it afresh in
-    place and rewrites metrics.jsonl; a run never appends to a crashed run's metrics."""
+    config.json and metrics.jsonl) is refused unless ``resume``: --restart (or --resume, which
+    finds nothing to resume) starts it afresh in place and rewrites metrics.jsonl; a run never
+    appends to a crashed run's metrics."""
     if out is None or resume:
         return
     p = Path(out)
     left = [name for name in (CONFIG, METRICS) if (p / name).exists()]
     if left and not any(p.glob("rank*/ckpt-*.pt")):
-        raise ValueError(f"--out {p} holds an unfinished run ({' and '.join(left)}, no summary.json, no checkpoint): "
-                         "pass --resume to start it afresh there (metrics.jsonl is rewritten), or choose another --out")
+        raise ValueError(f"--out {p} holds an unfinished run ({' and '.join(left)}; no summary.json and no checkpoint to "
+                         "resume from): start it again there with --restart, or choose another --out")
 
 
 def make_summary(cfg: RunConfig, *, world_size: int, result: Mapping[str, Any], totals: Mapping[str, Any], emulated_s: float,

@@ -231,7 +231,8 @@ CASES = [
     ("port-taken", _port_taken, "is not free"),
     ("out-through-a-file", lambda t: ["--out", str(t / "run" / "notes.txt" / "sub")], "notes.txt is a file, not a directory"),
     ("out-read-only", lambda t: ["--out", "/sys/geodml-test-run"], "cannot be written: /sys is not writable"),
-    ("out-crashed-run", _crashed, "holds an unfinished run (config.json and metrics.jsonl, no summary.json, no checkpoint)"),
+    ("out-crashed-run", _crashed, "holds an unfinished run (config.json and metrics.jsonl; no summary.json and no "
+                                  "checkpoint to resume from): start it again there with --restart, or choose another --out"),
     ("partitions-zero", lambda t: ["--partitions", "0"], "--partitions must be an integer >= 1"),
     ("partition-eval-examples-zero", lambda t: ["--partition-eval-examples", "0"],
      "--partition-eval-examples must be an integer >= 1, got 0"),

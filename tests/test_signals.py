@@ -132,3 +132,32 @@ def test_resume_command_names_the_out_and_asks_for_resume(tmp_path):
         f"python -m geodml --algo gaia --out {tmp_path / 'r'} --resume")
     assert resume_command(["--out", "x y", "--steps", "5"], Path("x y"), under_torchrun=True) == (
         "the same torchrun command with the flags --out 'x y' --steps 5 --resume")
+
+
+def test_restart_starts_an_unfinished_run_afresh_in_place(tmp_path, capsys):
+    """What an interrupted run without checkpoints leaves (config.json, metrics.jsonl; here with a stale checkpoint
+    of another run too) is refused with the two choices named, and --restart runs afresh there: the same weights and
+    metrics as a run in an empty directory, no line of the old run kept, no old checkpoint left."""
+    import json
+    import shutil
+    short = [*RUN[:RUN.index("--steps")], "--steps", "30", "--eval-every", "10", "--no-progress", "--seed", "3"]
+    fresh = tmp_path / "fresh"
+    assert main([*short, "--out", str(fresh)]) == 0
+    out = tmp_path / "left"
+    out.mkdir()
+    shutil.copy(fresh / "config.json", out / "config.json")
+    (out / "metrics.jsonl").write_text('{"step": 999, "train_loss": 1.0}\n')
+    (out / "rank2").mkdir()
+    (out / "rank2" / "ckpt-00000990.pt").write_bytes(b"stale")
+    assert main([*short, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--restart to start it afresh there, or choose another --out" in err
+    assert main([*short, "--out", str(out), "--resume", "--restart"]) == 2
+    assert "--resume continues a run and --restart starts it afresh: give one" in capsys.readouterr().err
+    assert main([*short, "--out", str(out), "--restart"]) == 0
+    assert not list(out.glob("rank*/ckpt-*"))
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    want = [json.loads(x) for x in (fresh / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [r["step"] for r in want] and 999 not in [r["step"] for r in lines]
+    a, b = _models(out), _models(fresh)
+    assert all(torch.equal(a[k], b[k]) for k in a)
