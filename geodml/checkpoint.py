@@ -39,6 +39,7 @@ import torch
 
 from geodml import rundir
 from geodml.config import RunConfig
+from geodml.errors import StorageError
 
 if TYPE_CHECKING:
     from geodml.trainer import Trainer
@@ -252,9 +253,9 @@ class Checkpointer:
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
             atomic_save(self.capture(trainer), path)
-        except rundir.StorageError as exc:
+        except StorageError as exc:
             kept = [s for s in list_steps(self.out, self.rank) if s < step]
-            raise rundir.StorageError(f"{exc} at step {step}; "
+            raise StorageError(f"{exc} at step {step}; "
                                       + (f"the last complete checkpoint, step {kept[-1]}, is intact: make room and "
                                          "run the same command with --resume" if kept else
                                          "no earlier checkpoint: the run cannot be resumed")) from None

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 
 class InputError(ValueError):
     """A bad input found during set-up, after the process group exists (a port taken between the
@@ -14,3 +17,25 @@ class StorageError(InputError):
     """A file of the run could not be written (a full disk, an I/O error, a permission taken away): the
     message names the file, the operation, the error and the free space; the partial file is gone and
     every file written before is as it was (geodml.rundir's writers)."""
+
+
+def free_space(path: Path) -> str:
+    """The free space of the file system holding ``path`` (its nearest existing parent), for error messages."""
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        free = float(shutil.disk_usage(p).free)
+    except OSError:
+        return "free space unknown"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if free < 1000 or unit == "TB":
+            return f"{free:.0f} {unit} free" if unit == "B" else f"{free:.1f} {unit} free"
+        free /= 1000.0
+    return "free space unknown"
+
+
+def storage_error(path: Path, what: str, exc: OSError) -> StorageError:
+    """One line for a failed write: the file, what was being written, the error, the free space."""
+    reason = exc.strerror or type(exc).__name__
+    return StorageError(f"cannot write {what} {path}: {reason} ({free_space(path.parent)} on its file system)")

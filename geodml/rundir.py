@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from geodml.errors import StorageError
+from geodml.errors import storage_error
 
 if TYPE_CHECKING:
     from geodml.algorithms.base import Algorithm
@@ -47,29 +47,6 @@ def rank_dir(out: Path | str, rank: int) -> Path:
 
 
 # ---- atomic writers ------------------------------------------------------------------------
-def free_space(path: Path) -> str:
-    """The free space of the file system holding ``path`` (its nearest existing parent), for error messages."""
-    import shutil
-    p = Path(path)
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    try:
-        free = float(shutil.disk_usage(p).free)
-    except OSError:
-        return "free space unknown"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if free < 1000 or unit == "TB":
-            return f"{free:.0f} {unit} free" if unit == "B" else f"{free:.1f} {unit} free"
-        free /= 1000.0
-    return "free space unknown"
-
-
-def storage_error(path: Path, what: str, exc: OSError) -> StorageError:
-    """One line for a failed write: the file, what was being written, the error, the free space."""
-    reason = exc.strerror or type(exc).__name__
-    return StorageError(f"cannot write {what} {path}: {reason} ({free_space(path.parent)} on its file system)")
-
-
 def _atomic(path: Path, what: str, write: Any) -> None:
     """``write(file)`` into ``path.tmp``, then rename it over ``path``; a failed write removes the temp file,
     leaves ``path`` as it was, and raises StorageError."""

@@ -64,7 +64,7 @@ class JsonlSink(Sink):
                 self.f.write(line)
                 self.f.flush()
             except OSError as exc:   # a full disk: one clear line for the run, the lines before kept
-                from geodml.rundir import storage_error
+                from geodml.errors import storage_error
                 self.f = None
                 raise storage_error(self.path, "metrics", exc) from None
 
