@@ -161,3 +161,29 @@ def test_restart_starts_an_unfinished_run_afresh_in_place(tmp_path, capsys):
     assert [r["step"] for r in lines] == [r["step"] for r in want] and 999 not in [r["step"] for r in lines]
     a, b = _models(out), _models(fresh)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.integration
+def test_under_torchrun_the_ranks_stop_alike_and_resume(tmp_path, uninterrupted):
+    """torchrun passes a SIGINT on to its ranks (2 processes x 2 hosted partitions): they stop at one step with a
+    checkpoint each and rank 0 prints the line; torchrun's own launcher then prints its SignalException traceback
+    and exits 1, which geodml cannot change (docs/reliability.md). The same torchrun command with --resume
+    finishes the run with the uninterrupted run's weights."""
+    out = tmp_path / "run"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "geodml"]
+    p = subprocess.Popen([*torchrun, *RUN, "--checkpoint-every", "100", "--out", str(out)], cwd=REPO, env=_env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    _signal_once_started(p, out, signal.SIGINT)
+    code, err = _finish(p)
+    assert code != 0
+    (line,) = [x for x in err.splitlines() if x.startswith("geodml: interrupted")]
+    step = int(line.split(" at step ")[1].split()[0])
+    assert line == f"geodml: interrupted (SIGINT) at step {step} of 1500; checkpoint at {out} (step {step})"
+    assert "geodml: resume with: the same torchrun command with the flags " in err
+    for rank in range(4):
+        assert sorted(f.name for f in (out / f"rank{rank}").glob("ckpt-*.pt")) == [f"ckpt-{step:08d}.pt"]
+    r = subprocess.run([*torchrun, *RUN, "--checkpoint-every", "100", "--out", str(out), "--resume"], cwd=REPO,
+                       env=_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = _models(out)
+    assert all(torch.equal(got[k], uninterrupted[k]) for k in got)
