@@ -8,7 +8,8 @@ step. There it writes a checkpoint when the run has checkpoints (``--checkpoint-
 :class:`Interrupted` ends the run on every rank; the CLI prints one line (the step, the checkpoint
 or that there is none, the command that resumes the run) and exits 128 + the signal's number (130
 for SIGINT, 143 for SIGTERM). A second signal ends the process at once, as the signal's default
-action would. A run stops at most ``--log-every`` steps after the signal (default 10).
+action would (a copy of the first within ECHO_S is the same signal delivered twice). A run stops
+at most ``--log-every`` steps after the signal (default 10).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +28,12 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 """The signals that end a run at an agreed step."""
 
 _received: list[int] = []
+_first_at: list[float] = []
+
+ECHO_S = 1.0
+"""A copy of the first signal within this many seconds is the same one delivered twice, not a second: a
+Ctrl-C at a terminal reaches every process of the foreground group, and a wrapper in that group (a shell
+script, srun) may pass it on again. (torchrun's ranks are in groups of their own: they get it once.)"""
 
 
 class Interrupted(Exception):
@@ -48,12 +56,15 @@ def requested() -> int:
 
 
 def _handler(signum: int, frame: Any) -> None:
+    if _received and signum == _received[0] and time.monotonic() - _first_at[0] < ECHO_S:
+        return   # the first signal again, passed on by torchrun (ECHO_S)
     if _received:   # the second signal: its default action, now
         for s in SIGNALS:
             signal.signal(s, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
         return
     _received.append(signum)
+    _first_at.append(time.monotonic())
     if os.environ.get("RANK", "0") == "0":
         print(f"geodml: {signal.Signals(signum).name} received: the run stops at its next log line (a checkpoint "
               "there if --checkpoint-every is set); a second signal stops it at once", file=sys.stderr, flush=True)
@@ -67,6 +78,7 @@ def on_signals() -> Iterator[None]:
         yield
         return
     _received.clear()
+    _first_at.clear()
     previous = {s: signal.signal(s, _handler) for s in SIGNALS}
     try:
         yield

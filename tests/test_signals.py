@@ -187,3 +187,22 @@ def test_under_torchrun_the_ranks_stop_alike_and_resume(tmp_path, uninterrupted)
     assert r.returncode == 0, r.stderr[-3000:]
     got = _models(out)
     assert all(torch.equal(got[k], uninterrupted[k]) for k in got)
+
+
+def test_the_same_signal_twice_at_once_is_one_and_a_later_one_is_a_second(monkeypatch):
+    """A Ctrl-C delivered twice within ECHO_S (the terminal's group and a wrapper passing it on) counts once; a
+    signal after that is the second, which ends the process with the signal's default action (here stubbed)."""
+    import geodml.interrupt as it
+    killed = []
+    monkeypatch.setattr(it.os, "kill", lambda pid, signum: killed.append(signum))
+    clock = [100.0]
+    monkeypatch.setattr(it.time, "monotonic", lambda: clock[0])
+    with it.on_signals():
+        it._handler(signal.SIGINT, None)
+        clock[0] += 0.2
+        it._handler(signal.SIGINT, None)            # the echo: ignored
+        assert it.requested() == signal.SIGINT and killed == []
+        clock[0] += it.ECHO_S
+        it._handler(signal.SIGINT, None)            # a second Ctrl-C: at once
+        assert killed == [signal.SIGINT]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # the previous handler is back
