@@ -207,3 +207,25 @@ def test_the_same_signal_twice_at_once_is_one_and_a_later_one_is_a_second(monkey
         it._handler(signal.SIGINT, None)            # a second Ctrl-C: at once
         assert killed == [signal.SIGINT]
     assert signal.getsignal(signal.SIGINT) == before   # the previous handler is back
+
+
+@pytest.mark.integration
+def test_launch_run_sh_reports_the_ranks_line_and_exit_code(tmp_path):
+    """A Ctrl-C at a terminal (SIGINT to run.sh's whole process group: bash, torchrun and its filter) under
+    launch/run.sh: the ranks stop at one step with a checkpoint, rank 0's line is shown, torchrun's own
+    SignalException traceback is not, and run.sh exits 130 where torchrun exits 1."""
+    out = tmp_path / "run"
+    p = subprocess.Popen(["bash", str(REPO / "launch" / "run.sh"), *RUN, "--checkpoint-every", "100", "--out", str(out)],
+                         cwd=REPO, env=_env({"NPROC": "2"}), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not (out / "config.json").exists():
+        assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+        time.sleep(0.02)
+    os.killpg(p.pid, signal.SIGINT)
+    code, err = _finish(p)
+    assert code == 130, err[-3000:]
+    assert "Traceback" not in err and "SignalException" not in err, err[-3000:]
+    (line,) = [x for x in err.splitlines() if x.startswith("geodml: interrupted (SIGINT) at step ")]
+    step = int(line.split(" at step ")[1].split()[0])
+    assert sorted(f.name for f in (out / "rank3").glob("ckpt-*.pt")) == [f"ckpt-{step:08d}.pt"]
