@@ -452,7 +452,7 @@ def main(argv: list[str] | None = None, *, spawn: bool = False) -> int:
         from geodml.engine.launcher import spawn as spawn_ranks
         return spawn_ranks(sys.argv[1:] if argv is None else argv, processes)
     from geodml.compose import InputError, run  # (torch is imported after the flags: --help stays fast)
-    from geodml.interrupt import Interrupted, interrupted_text, on_signals
+    from geodml.interrupt import Interrupted, on_signals
     try:
         with on_signals():
             run(cfg, env, pre)
@@ -469,6 +469,33 @@ def main(argv: list[str] | None = None, *, spawn: bool = False) -> int:
             print(f"geodml: error: {exc}", file=sys.stderr)
         return PEER_LOST_EXIT
     return 0
+
+
+def resume_command(argv: list[str], out: Any, *, under_torchrun: bool) -> str:
+    """The command that continues an interrupted run: the same flags, ``--resume``, and ``--out`` if they
+    did not name it (a default run directory is new on every start)."""
+    import shlex
+    args = [a for a in argv if a != "--resume"]
+    if not any(a == "--out" or a.startswith("--out=") for a in args):
+        args += ["--out", str(out)]
+    line = " ".join(shlex.quote(a) for a in [*args, "--resume"])
+    return (f"the same torchrun command with the flags {line}" if under_torchrun else f"python -m geodml {line}")
+
+
+def interrupted_text(stop: Any, argv: list[str], *, under_torchrun: bool) -> str:
+    """The CLI's lines for a run a signal ended: where it stopped, its checkpoint or that it has none, and
+    how to resume it."""
+    import signal as signals
+
+    from geodml.checkpoint import list_steps
+    out = stop.out
+    steps = list_steps(out, 0) if out is not None else []
+    head = f"geodml: interrupted ({signals.Signals(stop.signum).name}) at step {stop.step} of {stop.total_steps}; "
+    if not steps or out is None:
+        return head + ("no checkpoint: the run cannot be resumed (give --checkpoint-every N to make runs resumable); "
+                       f"start it again with --restart in {out}, or with another --out")
+    return (head + f"checkpoint at {out} (step {steps[-1]})\n"
+            f"geodml: resume with: {resume_command(argv, out, under_torchrun=under_torchrun)}")
 
 
 def entry() -> int:

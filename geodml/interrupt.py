@@ -86,27 +86,3 @@ def on_signals() -> Iterator[None]:
         for s, h in previous.items():
             signal.signal(s, h)
 
-
-def resume_command(argv: list[str], out: Path, *, under_torchrun: bool) -> str:
-    """The command that continues an interrupted run: the same flags, ``--resume``, and ``--out`` if they
-    did not name it (a default run directory is new on every start)."""
-    import shlex
-    args = [a for a in argv if a != "--resume"]
-    if not any(a == "--out" or a.startswith("--out=") for a in args):
-        args += ["--out", str(out)]
-    line = " ".join(shlex.quote(a) for a in [*args, "--resume"])
-    return (f"the same torchrun command with the flags {line}" if under_torchrun else f"python -m geodml {line}")
-
-
-def interrupted_text(stop: Interrupted, argv: list[str], *, under_torchrun: bool) -> str:
-    """The CLI's lines for a run a signal ended: where it stopped, its checkpoint or that it has none, and
-    how to resume it."""
-    from geodml.checkpoint import list_steps
-    out = stop.out
-    steps = list_steps(out, 0) if out is not None else []
-    head = f"geodml: interrupted ({signal.Signals(stop.signum).name}) at step {stop.step} of {stop.total_steps}; "
-    if not steps or out is None:
-        return head + ("no checkpoint: the run cannot be resumed (give --checkpoint-every N to make runs resumable); "
-                       f"start it again with --restart in {out}, or with another --out")
-    return (head + f"checkpoint at {out} (step {steps[-1]})\n"
-            f"geodml: resume with: {resume_command(argv, out, under_torchrun=under_torchrun)}")

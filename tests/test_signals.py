@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from geodml.cli import main
-from geodml.interrupt import resume_command
+from geodml.cli import main, resume_command
 from tests.support.procs import REPO, _env, _kill
 
 RUN = ["--algo", "fedavg", "--iter-local", "7", "--partitions", "4", "--dataset", "digits", "--model", "mlp", "--steps",
