@@ -33,6 +33,7 @@ from geodml.algorithms.base import Algorithm, FlatParams, regularize
 from geodml.channels_last import ChannelsLastTwin
 from geodml.config import OptimConfig
 from geodml.cores import usable_cores
+from geodml.interrupt import Interrupted, requested
 from geodml.metrics.sinks import Sink
 
 if TYPE_CHECKING:
@@ -433,7 +434,6 @@ class Trainer:
             for hook in self.step_hooks:   # (the checkpointer writes one at an interrupted step too)
                 hook(self)
             if self.interrupt_signum:
-                from geodml.interrupt import Interrupted
                 raise Interrupted(self.interrupt_signum, s.step, self.total_steps)
             if stop:
                 break
@@ -449,10 +449,10 @@ class Trainer:
         local = torch.tensor([s.loss_sum, float(s.loss_count), float(s.correct), float(s.seen),
                               float(self.comm.ledger.wan_bytes)], dtype=torch.float64)
         self.comm.meta_all_reduce(local)
-        from geodml.interrupt import requested
-        seen = self.comm.meta_all_gather_object((self._emulated_s(), requested()))
+        mine = requested()
+        seen = self.comm.meta_all_gather_object((self._emulated_s(), mine))
         emu = max(e for e, _ in seen)
-        self.interrupt_signum = requested() or max(signum for _, signum in seen)   # every rank stops here alike
+        self.interrupt_signum = mine or max(signum for _, signum in seen)   # every rank stops here alike
         rec = {
             "step": s.step,
             "epoch": s.step / self.spe,

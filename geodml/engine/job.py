@@ -13,6 +13,7 @@ import torch
 
 from geodml.config import RunConfig
 from geodml.errors import InputError
+from geodml.interrupt import Interrupted
 from geodml.runtime import Env
 
 
@@ -29,7 +30,6 @@ def _peer_watch(cfg: RunConfig, env: Env) -> Iterator[None]:
     previous = signal.getsignal(signal.SIGTERM) if main else None
     if main:
         signal.signal(signal.SIGTERM, stopped_from_outside(watch, env.rank, previous))
-    from geodml.interrupt import Interrupted
     try:
         yield
     except Interrupted:   # every rank stops at the same step: an ordinary end for the peers
@@ -76,7 +76,6 @@ def joined(cfg: RunConfig, env: Env, backend: str, device: str) -> Iterator[tupl
         out = agree_on_out_dir(env, cfg.out, cfg.algo.algo)
         # The watch starts once the process group exists: started before it, 16 ranks on 2 cores
         # showed a heartbeat silent for 30 s during the group's set-up (a false "rank 0 lost").
-        from geodml.interrupt import Interrupted
         try:
             with _peer_watch(cfg, env):
                 yield dev, out
