@@ -476,6 +476,12 @@ class SkewScoutConfig:
     the paper states its cadence in minibatches and a step interval behaves the same whatever the
     run's length; a study that shortens the schedule passes ``--travel-decisions`` to keep the
     paper's order of decisions (geodml.study.skewscout does). Giving both is refused.
+
+    ``--travel-backoff F`` (not the paper's; default 1 = its fixed cadence) stretches the interval
+    while nothing is to be decided: after a decision that keeps theta, with at least two trips
+    pooled and the pool's accuracy-loss bounds both on one side of sigma_AL, the next interval is
+    twice the last, up to F times the cadence; any other decision returns to the cadence. It caps
+    travel's share of the bytes once theta has settled (docs/skewscout.md, "Travel cost").
     """
 
     GROUP: ClassVar[str] = "SkewScout (Quagmire section 7)"
@@ -489,6 +495,9 @@ class SkewScoutConfig:
     travel_decisions: int | None = opt(None, metavar="D", help="decisions per run instead: travel every "
                                        "max(1, total steps // D) steps (the paper: 64,000 / 500 = 128)",
                                        default_text="off")
+    travel_backoff: int = opt(1, metavar="F", help="after each decision that keeps theta with its accuracy-loss "
+                              "bounds clear of sigma_AL, double the steps to the next one, up to F times the cadence; "
+                              "any other decision returns to the cadence (1: a fixed cadence, the paper's)")
     travel_samples: int | None = opt(None, help="training examples a host evaluates a visiting model on (and the "
                                      "sender its own model on); capped by the partition's size",
                                      default_text="sized for --travel-se: ceil(0.5 / (K * se^2)), 1000 at K=5")
@@ -512,6 +521,8 @@ class SkewScoutConfig:
                f"--travel-decisions must be an integer >= 1 (decisions per run), got {self.travel_decisions!r}")
         _check(self.travel_every is None or self.travel_decisions is None,
                "--travel-every (steps) and --travel-decisions (decisions per run) set the same cadence; give one")
+        _check(_int(self.travel_backoff) and self.travel_backoff >= 1,
+               f"--travel-backoff must be an integer >= 1 (1: a fixed cadence), got {self.travel_backoff!r}")
         _check(self.travel_samples is None or (_int(self.travel_samples) and self.travel_samples >= 1),
                f"--travel-samples must be an integer >= 1, got {self.travel_samples!r}")
         _check(_finite(self.travel_se) and 0 < self.travel_se <= 0.5,

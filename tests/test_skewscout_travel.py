@@ -2,11 +2,12 @@
 travel bytes = model size x trips, and the controller's decision applied on every rank."""
 
 import json
+import sys
 
 import numpy as np
 import pytest
 
-from tests.support.procs import run_torchrun, run_workers
+from tests.support.procs import run_command, run_torchrun, run_workers
 
 C = 3  # classes = partitions
 
@@ -108,3 +109,36 @@ def test_gaia_skewscout_end_to_end(tmp_path, partition, direction):
     assert s["wan_bytes_by_kind"]["travel"] == expected
     decisions = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if "accuracy_loss" in x]
     assert len(decisions) == steps // every and all(len(d["accuracy_loss_per_partition"]) == k for d in decisions)
+
+
+@pytest.mark.integration
+def test_backoff_end_to_end_hosted(tmp_path):
+    """IID digits, 3 hosted partitions in one process, T0 at the grid's loose end (0.5), --travel-every 10
+    --travel-backoff 4: every decision comes one interval after the last, the interval doubles after a settled
+    decision (up to 40) and returns to 10 after any other; AL stays near 0 on IID data, so some decisions settle.
+    (The schedule on scripted AL values is worked out by hand in tests/test_skewscout_backoff.py.) Travel bytes
+    are 3 trips a decision, each an envelope plus the model."""
+    import msgpack
+
+    from geodml.comm.wire import PROTOCOL_VERSION
+    k, steps, out = 3, 170, tmp_path / "run"
+    r = run_command([sys.executable, "-m", "geodml", "--partitions", str(k), "--dataset", "digits", "--model", "cnn",
+                     "--algo", "gaia", "--t0", "0.5", "--skewscout", "--travel-every", "10", "--travel-backoff", "4",
+                     "--travel-samples", "300", "--steps", str(steps), "--no-progress", "--wan", "off",
+                     "--eval-every", "1000", "--out", str(out)], timeout_s=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    decisions = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if "accuracy_loss" in x]
+    steps_at = [d["step"] for d in decisions]
+    assert steps_at[0] == 10 and decisions[0]["skewscout_interval_steps"] == 10
+    for d, nxt in zip(decisions, decisions[1:] + [None]):
+        want = min(2 * d["skewscout_interval_steps"], 40) if d["skewscout_settled"] else 10
+        assert d["skewscout_next_interval_steps"] == want, d
+        if nxt is not None:
+            assert nxt["step"] == d["step"] + want and nxt["skewscout_interval_steps"] == want
+    assert any(d["skewscout_settled"] for d in decisions) and len(decisions) < steps // 10
+    s = json.loads((out / "summary.json").read_text())
+    assert s["skewscout_rounds"] == len(decisions) and s["skewscout_travel_backoff"] == 4
+    numel = 188_810  # the CNN on 8x8 digits
+    expected = sum(len(msgpack.packb([PROTOCOL_VERSION, "travel", step, src, 0.0, [["<f4", [numel]]]])) + 4 * numel
+                   for step in steps_at for src in range(k))
+    assert s["wan_bytes_by_kind"]["travel"] == expected

@@ -65,6 +65,10 @@ Search strategies (§7.2 names all three; §7.3 found hill climbing best), all o
 * ``annealing``: propose a random neighbour; accept if f_j <= f_i, else with probability
   exp(-(f_j - f_i) / T), T = temperature * cooling**decision (Van Laarhoven & Aarts).
 
+**Settled decisions** (``Decision.settled``): theta kept, at least two trips in its pool (so their
+spread is measured) and the pool's bounds both below or both above sigma_AL. Nothing Eq. 1 weighs
+is then in doubt; SkewScout's ``--travel-backoff`` uses it to space out the next decisions.
+
 Known limit (the paper's too, its reason (ii) in §7.3): a looser theta measured bad early keeps
 its memo, so the controller does not re-try it late in training when it might have sufficed.
 
@@ -172,6 +176,9 @@ class Decision:
     """This trip's standard error."""
     pooled: dict[str, float] = field(default_factory=dict)
     """The current theta's pool after this trip: mean, se, n, lo, hi."""
+    settled: bool = False
+    """Theta kept, at least two trips pooled, and both bounds on one side of sigma_AL: nothing is in doubt
+    (SkewScout's ``--travel-backoff`` may then wait longer for the next decision)."""
 
 
 class Controller:
@@ -246,11 +253,13 @@ class Controller:
         f = {j: self.objective(est[j].lo if j == i else est[j].hi, est[j].c) for j in cands}
         nxt = self._choose(i, cands, f)
         p = self.memo[i]
+        settled = nxt == i and p.n >= 2 and (est[i].hi < self.sigma_al or est[i].lo > self.sigma_al)
         d = Decision(theta_before=self.grid[i], theta_after=self.grid[nxt], accuracy_loss=float(accuracy_loss),
                      bytes_interval=int(bytes_interval), objective={self.grid[j]: f[j] for j in cands},
                      estimated=[self.grid[j] for j in cands if est[j].estimated],
                      accuracy_loss_se=float(accuracy_loss_se),
-                     pooled={"mean": p.mean, "se": p.se, "n": p.n, "lo": est[i].lo, "hi": est[i].hi})
+                     pooled={"mean": p.mean, "se": p.se, "n": p.n, "lo": est[i].lo, "hi": est[i].hi},
+                     settled=settled)
         self.index = nxt
         self.decisions += 1
         self.history.append(d)

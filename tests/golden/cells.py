@@ -52,10 +52,11 @@ MEASURED_CONFIG = ("engine", "host")
 """config.json fields that name the machine or the engine, not the run."""
 ADDED_OPTIONS = {"plugin": None, "tensorboard": None, "algo.server_optimizer": "sgd", "algo.server_betas": [0.9, 0.99],
                  "algo.server_tau": 0.001, "comm.compute_s_per_step": None, "algo.compress": "none",
-                 "algo.compress_rank": 1, "algo.compress_levels": 16, "reliability.restart": False}
+                 "algo.compress_rank": 1, "algo.compress_levels": 16, "reliability.restart": False,
+                 "skewscout.travel_backoff": 1}
 """Options added after the records were made (issue 66: a plugin's options, --tensorboard; issue 67: FedOpt's
-server optimizer, --compute-s-per-step, --compress), with their defaults, ``section.name`` for one inside a section: a run
-that leaves them there is compared without them (one that does not keeps them, and differs)."""
+server optimizer, --compute-s-per-step, --compress; issue 71: --restart; issue 69: --travel-backoff), with their
+defaults, ``section.name`` for one inside a section: a run that leaves them there is compared without them (one that does not keeps them, and differs)."""
 REMOVED_OPTIONS = ("engine", "vmap", "partition_scores", "processes")
 """Options of the run configuration that the one-engine change removed (``--engine``, ``--vmap``): not
 compared (they changed nothing in a run's results; the runs of the matrix left them at their defaults);
