@@ -56,7 +56,8 @@ ADDED_OPTIONS = {"plugin": None, "tensorboard": None, "algo.server_optimizer": "
                  "skewscout.travel_backoff": 1}
 """Options added after the records were made (issue 66: a plugin's options, --tensorboard; issue 67: FedOpt's
 server optimizer, --compute-s-per-step, --compress; issue 71: --restart; issue 69: --travel-backoff), with their
-defaults, ``section.name`` for one inside a section: a run that leaves them there is compared without them (one that does not keeps them, and differs)."""
+defaults, ``section.name`` for one inside a section: a run that leaves them there is compared without them (one
+that does not keeps them, and differs)."""
 REMOVED_OPTIONS = ("engine", "vmap", "partition_scores", "processes")
 """Options of the run configuration that the one-engine change removed (``--engine``, ``--vmap``): not
 compared (they changed nothing in a run's results; the runs of the matrix left them at their defaults);
