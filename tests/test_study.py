@@ -159,8 +159,9 @@ def test_skewscout_plan_seeds_grid_and_cadence(tmp_path):
 def test_skewscout_full_plan_uses_the_extended_grids(tmp_path):
     args, budget = skewscout.parse(["--budget", "full", "--epochs", "2", "--out", str(tmp_path / "s")])
     runs = skewscout.plan(args, budget)
-    # 3 seeds x (BSP-IID + 5 levels x (BSP + Gaia 9 + 1 + FedAvg 9 + 1 + DGC 5 + 1))
-    assert len(runs) == 3 * (1 + 5 * (1 + 10 + 10 + 6))
+    # 3 seeds x (BSP-IID + 5 levels x (BSP + Gaia 11 + 1 + FedAvg 9 + 1 + DGC 5 + 1))
+    assert len(runs) == 3 * (1 + 5 * (1 + 12 + 10 + 6))
+    assert skewscout.fig8_grid("gaia")[-3:] == (0.5, 0.75, 1.0)
     assert skewscout.fig8_grid("gaia")[:3] == (0.005, 0.01, 0.02) and skewscout.fig8_grid("fedavg")[:3] == (1, 2, 5)
     dgc = next(r for r in runs if r.role == "skewscout" and r.algo == "dgc").spec.argv
     # E_warm in paper epochs x 2/128, as every DGC run of the studies
@@ -431,6 +432,79 @@ def test_skewscout_report_from_reused_runs(tmp_path, capsys):
     rows = {r["algorithm"]: r for r in json.loads((tmp_path / "s" / "skewscout.json").read_text())["figure8"]}
     assert rows["Gaia Oracle"]["theta"] is None and "no theta meets the target" in rows["Gaia Oracle"]["note"]
     assert rows["Gaia + SkewScout"]["bytes_vs_oracle"] is None and rows["Gaia + SkewScout"]["meets_target"] is True
+
+
+def _probes(accs, byts=None):
+    byts = byts or {i: 100.0 - i for i in accs}
+    return {i: skewscout.Probe(a, byts[i]) for i, a in accs.items()}
+
+
+def _bisect(truth, n=9, byts=None, threshold=0.90, tol=0.01):
+    """Drive oracle_next against a table of mean accuracies per index; the probes in order and the last answer."""
+    probed, order = {}, []
+    while True:
+        action, idx, why = skewscout.oracle_next(_probes(probed, byts), n, threshold, tol)
+        if action == "done":
+            return order, why
+        order.append((action, idx))
+        for i in idx:
+            probed[i] = truth[i]
+
+
+def test_oracle_bisection_by_hand():
+    """9 grid points, index 0 sends most; the target is met up to index 5: probes 4 (meets), (4+9)//2 = 6
+    (misses), 5 (meets): bracket (5, 6) closed after 3 of 9 runs, answer 5 (build_report picks it)."""
+    meets_to_5 = {i: 0.96 - 0.01 * i if i <= 5 else 0.80 - 0.01 * i for i in range(9)}  # 0.96 ... 0.91, then < 0.9
+    assert _bisect(meets_to_5) == ([("probe", [4]), ("probe", [6]), ("probe", [5])], "")
+    none = {i: 0.5 for i in range(9)}  # 4 misses, (-1 + 4) // 2 = 1 misses, 0 misses: no theta meets
+    assert _bisect(none)[0] == [("probe", [4]), ("probe", [1]), ("probe", [0])]
+    every = {i: 0.99 - 0.001 * i for i in range(9)}  # 4, 6, 7, 8 all meet: the loosest point
+    assert _bisect(every)[0] == [("probe", [4]), ("probe", [6]), ("probe", [7]), ("probe", [8])]
+
+
+def test_oracle_falls_back_to_the_full_grid_where_not_monotone():
+    # the same bracket, but index 5 (0.93) is 0.025 above the tighter index 4 (0.905): more than the tolerance
+    truth = {0: 0.95, 1: 0.94, 2: 0.93, 3: 0.92, 4: 0.905, 5: 0.93, 6: 0.80, 7: 0.70, 8: 0.60}
+    order, why = _bisect(truth)
+    assert order == [("probe", [4]), ("probe", [6]), ("probe", [5]), ("full", [0, 1, 2, 3, 7, 8])]
+    assert why == "not monotone: point 5 is 0.0250 more accurate than the tighter 4"
+    # within the tolerance (0.905 -> 0.91): monotone enough, no fallback
+    assert _bisect({**truth, 5: 0.91})[0] == [("probe", [4]), ("probe", [6]), ("probe", [5])]
+    # bytes that rise with a looser theta break it too
+    byts = {i: 100.0 - i for i in range(9)} | {6: 200.0}
+    order, why = _bisect({i: 0.96 - 0.01 * i if i <= 5 else 0.80 for i in range(9)}, byts=byts)
+    assert order[-1] == ("full", [0, 1, 2, 3, 7, 8]) and why == "not monotone: point 6 sends more bytes than the tighter 0"
+    # a failed seed (accuracy None) misses the target
+    assert skewscout.oracle_next({4: skewscout.Probe(None, None)}, 9, 0.9, 0.01) == ("probe", [1], "")
+
+
+def test_skewscout_bisect_runs_only_the_probed_thetas(tmp_path, capsys):
+    """Grid 0.05, 0.2, 0.5 at 100%: the Oracle probes 0.2 (meets), then 0.5 (misses): 0.05 is never launched."""
+    argv = ["--budget", "quick", "--steps", "8", "--algos", "gaia", "--grid", "0.05,0.2,0.5", "--seeds", "0,1",
+            "--levels", "1", "--out", str(tmp_path / "s")]
+    args, budget = skewscout.parse(argv)
+    acc = {"bsp-iid": 0.91, "bsp-label-1": 0.9, "gaia-t0-0.2-label-1": 0.905, "gaia-t0-0.5-label-1": 0.85,
+           "gaia-skewscout-label-1": 0.90}
+    byts = {"bsp-iid": 1, "bsp-label-1": 1000, "gaia-t0-0.2-label-1": 100, "gaia-t0-0.5-label-1": 50,
+            "gaia-skewscout-label-1": 150}
+    for r in skewscout.plan(args, budget):
+        key = r.spec.run_id.rsplit("-s", 1)[0]
+        if key not in acc:
+            continue
+        r.spec.out.mkdir(parents=True)
+        (r.spec.out / "launch.json").write_text(json.dumps(runner.launch_record(r.spec)))
+        (r.spec.out / "summary.json").write_text(json.dumps({"final_val_accuracy": acc[key],
+                                                             "wan_bytes_total": byts[key]}))
+    assert skewscout.main(argv, launcher=no_launch) == 0  # 0.05 would be launched, and no_launch would fail
+    rep = json.loads((tmp_path / "s" / "skewscout.json").read_text())
+    assert rep["oracle_search"]["by_level"]["1"]["gaia"] == {"mode": "bisect", "probed": [0.2, 0.5], "why": ""}
+    rows = {r["algorithm"]: r for r in rep["figure8"]}
+    assert rows["Gaia Oracle"]["theta"] == 0.2 and rows["Gaia Oracle"]["savings_over_bsp"] == pytest.approx(10.0)
+    assert "bisect: 2 of 3 thetas run" in rows["Gaia Oracle"]["note"]
+    assert rows["Gaia + SkewScout"]["bytes_vs_oracle"] == pytest.approx(1.5)
+    assert not (tmp_path / "s" / "gaia-t0-0.05-label-1-s0").exists()
+    sc = next(r for r in skewscout.plan(args, budget) if r.role == "skewscout").spec.argv
+    assert sc[sc.index("--travel-backoff") + 1] == "16"
 
 
 @pytest.mark.integration
