@@ -28,10 +28,10 @@ Figure 8 reaches it at every level, so the paper's runs had tighter thresholds; 
 (github.com/kevinhsieh/non_iid_dml, ps_config files) uses a 1% significance threshold as its
 default and 0.5% as its lower bound. Gaia's is also extended at the loose end by T0 = 75% and 100%: in the
 pilot (GN-LeNet, 4 epochs, 20% skew) SkewScout reached the paper's loosest T0 = 50% by step 180 and held it
-with AL 0.4-2% +- 0.7 pp, far below sigma_AL = 5%, so the grid, not the accuracy, stopped it. FedAvg's grid is extended by Iter_Local = 1 and 2 (1 averages
-every step, the BSP end). DGC's is the paper's (E_warm only lengthens the warm-up; no E_warm
-approaches BSP). ``--grid`` replaces the grid (one algorithm only); the Oracle is then not the
-paper's, and the report says so.
+with AL 0.4-2% +- 0.7 pp, far below sigma_AL = 5%, so the grid, not the accuracy, stopped it. FedAvg's grid
+is extended by Iter_Local = 1 and 2 (1 averages every step, the BSP end). DGC's is the paper's (E_warm
+only lengthens the warm-up; no E_warm approaches BSP). ``--grid`` replaces the grid (one algorithm
+only); the Oracle is then not the paper's, and the report says so.
 
 Network. The paper does not name Figure 8's network. §6 (Figure 6), which §7 builds on, studies
 the skew levels with GN-LeNet; the released code reads the skewed partitions with LeNet, GN-LeNet
@@ -563,6 +563,10 @@ def main(argv: list[str] | None = None, *, launcher: Launcher = torchrun_launche
     if args.only:
         return common.run_only("skewscout", args, specs, launcher)
     if args.dry_run:
+        if args.oracle == "bisect":
+            n_theta = sum(1 for r in runs if r.role == "theta")
+            print(f"--oracle bisect: of the {n_theta} theta runs listed (the Oracle's candidates) only its probes run, "
+                  f"chosen as runs finish: about log2 of each grid; the other {len(runs) - n_theta} all run")
         common.print_plan(specs)
         return 0
     made, results, searches = run_study(args, runs, launcher)
