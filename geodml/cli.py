@@ -431,8 +431,10 @@ def main(argv: list[str] | None = None, *, spawn: bool = False) -> int:
                              f"(--nproc_per_node decides under torchrun); leave out --processes")
         processes = 1
         if spawn and not env.under_torchrun:
-            from geodml.engine.launcher import default_processes
+            from geodml.engine.launcher import default_processes, launch_mode
             processes = cfg.processes or default_processes(cfg.partitions or 1)
+            if processes > 1:
+                launch_mode()
         if processes == 1:
             for m in warnings:  # (the launched ranks' rank 0 prints them otherwise)
                 print(m, file=sys.stderr)

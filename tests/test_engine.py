@@ -207,6 +207,70 @@ def test_the_default_process_count(monkeypatch):
         launcher.default_processes(6)
 
 
+def test_the_launcher_forks_only_where_no_thread_has_started(monkeypatch):
+    import threading
+
+    from geodml.engine import launcher
+    monkeypatch.delenv(launcher.LAUNCH_ENV, raising=False)
+    assert launcher.launch_mode() == "fork"
+    monkeypatch.setattr(launcher, "_os_threads", lambda: launcher.THREADS_AT_IMPORT)
+    assert launcher.can_fork() == (threading.active_count() == 1)
+    monkeypatch.setattr(launcher, "_os_threads", lambda: launcher.THREADS_AT_IMPORT + 1)  # e.g. torch's OpenMP pool
+    assert not launcher.can_fork()
+    monkeypatch.setattr(launcher, "_os_threads", lambda: launcher.THREADS_AT_IMPORT)
+    monkeypatch.setenv(launcher.LAUNCH_ENV, "exec")
+    assert not launcher.can_fork()
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait, daemon=True)
+    t.start()
+    try:
+        monkeypatch.delenv(launcher.LAUNCH_ENV)
+        assert not launcher.can_fork()  # a Python thread: a fork would copy it without it running
+    finally:
+        stop.set()
+        t.join(timeout=10)
+    monkeypatch.setenv(launcher.LAUNCH_ENV, "spawn")
+    with pytest.raises(ValueError, match="GEODML_LAUNCH='spawn': expected fork"):
+        launcher.launch_mode()
+
+
+@pytest.mark.integration
+def test_forked_and_fresh_ranks_give_the_same_bits(tmp_path):
+    """`python -m geodml --processes 2` with its ranks forked after the imports (the default) and started as fresh
+    interpreters (GEODML_LAUNCH=exec): the same model files, summary numbers and metrics lines but measured time; a bad
+    GEODML_LAUNCH is one error line and exit 2 before anything is written."""
+    import os
+    import subprocess
+    import sys
+    repo = Path(__file__).resolve().parents[1]
+    argv = ["--dataset", "digits", "--partitions", "4", "--steps", "30", "--no-progress", "--algo", "fedavg",
+            "--iter-local", "5", "--processes", "2"]
+    outs = {}
+    for mode in ("fork", "exec", "bogus"):
+        env = {**os.environ, "PYTHONPATH": str(repo), "GEODML_LAUNCH": mode}
+        outs[mode] = tmp_path / mode
+        r = subprocess.run([sys.executable, "-m", "geodml", *argv, "--out", str(outs[mode])], env=env,
+                           capture_output=True, text=True, timeout=240)
+        if mode == "bogus":
+            assert r.returncode == 2 and r.stderr.strip().splitlines()[0] == (
+                "geodml: error: GEODML_LAUNCH='bogus': expected fork (the default) or exec"), r.stderr
+            assert not outs[mode].exists()
+            continue
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "done:" in r.stdout + r.stderr
+    for k in range(4):
+        a, b = (torch.load(outs[m] / f"rank{k}" / "model.pt") for m in ("fork", "exec"))
+        assert all(torch.equal(a[n], b[n]) for n in a), k
+
+    def lines(out):
+        # wall and emulated seconds are measured (the emulated clock adds each step's measured compute time)
+        return [{k: v for k, v in json.loads(x).items() if k not in ("wall_s", "emulated_s")}
+                for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert lines(outs["fork"]) == lines(outs["exec"])
+    sa, sb = (json.loads((outs[m] / "summary.json").read_text()) for m in ("fork", "exec"))
+    assert sa["wan_bytes_by_link"] == sb["wan_bytes_by_link"] and sa["final_val_accuracy"] == sb["final_val_accuracy"]
+
+
 @pytest.mark.integration
 def test_python_m_geodml_uses_every_core_by_default_with_the_same_result(tmp_path):
     """Outside torchrun, P = 6 with GEODML_PROCESSES unset on a machine (a taskset) of 2 cores runs as 2
@@ -232,3 +296,47 @@ def test_python_m_geodml_uses_every_core_by_default_with_the_same_result(tmp_pat
         assert all(torch.equal(a[n], b[n]) for n in a), k
     sa, sb = (json.loads((o / "summary.json").read_text()) for o in outs.values())
     assert sa["wan_bytes_by_link"] == sb["wan_bytes_by_link"] and sa["final_val_accuracy"] == sb["final_val_accuracy"]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("mode", ["fork", "exec"])
+def test_the_ranks_sessions_keep_a_nice_launchers_priority(tmp_path, mode):
+    """`nice -n 7 python -m geodml --processes 2`: each rank runs in a session of its own, which with Linux
+    autogroups would start at autogroup nice 0 and compete with the foreground at full weight; the ranks'
+    autogroups get nice 7 (geodml.cores.session_nice), forked or fresh."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+    if not Path("/proc/self/autogroup").exists():
+        pytest.skip("this kernel has no scheduler autogroups (nothing to keep)")
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo), "GEODML_LAUNCH": mode}
+    p = subprocess.Popen(["nice", "-n", "7", sys.executable, "-m", "geodml", "--dataset", "digits", "--partitions", "2",
+                          "--processes", "2", "--steps", "100000", "--no-progress", "--wan", "off", "--out",
+                          str(tmp_path / "run")], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         start_new_session=True)
+    try:
+        groups: list[str] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(groups) < 2:
+            kids = [c for c in psutil.Process(p.pid).children() if c.is_running()]
+            groups = []
+            for c in kids:
+                try:
+                    groups.append(Path(f"/proc/{c.pid}/autogroup").read_text().split()[-1])
+                except OSError:
+                    pass
+            time.sleep(0.2)
+        assert groups == ["7", "7"], groups
+    finally:
+        ranks = psutil.Process(p.pid).children(recursive=True) if p.poll() is None else []
+        os.killpg(p.pid, 9)
+        for c in ranks:  # in sessions of their own: not in the launcher's group
+            try:
+                c.kill()
+            except psutil.NoSuchProcess:
+                pass
+        p.wait(timeout=30)

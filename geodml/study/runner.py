@@ -64,6 +64,7 @@ from typing import IO, Callable
 import psutil
 
 from geodml import rundir
+from geodml.cores import apply_session_nice, session_nice
 from geodml.study.records import RECORDS, restore
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -166,8 +167,9 @@ def child_env() -> dict[str, str]:
 
 
 def torchrun_launcher(spec: RunSpec, stdout: IO[bytes], stderr: IO[bytes]) -> subprocess.Popen:
+    nice = session_nice()  # a `nice` study's runs stay in the background in their own sessions (geodml.cores)
     return subprocess.Popen(torchrun_command(spec), stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
-                            env=child_env(), start_new_session=True)
+                            env=child_env(), start_new_session=True, preexec_fn=lambda: apply_session_nice(nice))
 
 
 # ---- run directories ----------------------------------------------------------------------
