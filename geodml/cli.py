@@ -452,7 +452,7 @@ def main(argv: list[str] | None = None, *, spawn: bool = False) -> int:
         return _bad_input_exit(str(exc), is_rank0)
     if processes > 1:
         from geodml.engine.launcher import spawn as spawn_ranks
-        return spawn_ranks(sys.argv[1:] if argv is None else argv, processes)
+        return spawn_ranks(sys.argv[1:] if argv is None else argv, processes, main)
     from geodml.compose import InputError, run  # (torch is imported after the flags: --help stays fast)
     from geodml.interrupt import Interrupted, on_signals
     try:

@@ -58,4 +58,4 @@ if [ "$DRY_RUN" = 1 ]; then
   exit 0
 fi
 cd "$ROOT"
-exec "${cmd[@]}"
+exec "$ROOT/launch/torchrun-quiet.sh" "${cmd[@]}"   # drops torchrun's SignalException traceback (see there)

@@ -37,24 +37,4 @@ cd "$ROOT"
 # A SIGINT/SIGTERM reaches torchrun, which passes it on to the ranks: they stop at an agreed step and
 # rank 0 prints geodml's line (docs/reliability.md "Signals"); torchrun itself then prints its
 # SignalException traceback and exits 1. Drop that traceback and exit as the ranks did (130/143).
-said=$(mktemp); trap 'rm -f "$said"' EXIT
-trap 'true' INT TERM   # wait for torchrun and the ranks to finish what the signal started
-set +e
-"${cmd[@]}" 2> >(trap '' INT TERM; exec awk -v said="$said" '
-  /^geodml: interrupted \(SIG[A-Z0-9]+\)/ { match($0, /SIG[A-Z0-9]+/); print substr($0, RSTART, RLENGTH) > said }
-  /^Traceback \(most recent call last\):/ { held = $0; holding = 1; next }
-  holding { held = held "\n" $0
-            if ($0 ~ /SignalException: Process [0-9]+ got signal/) { holding = 0; held = ""; next }
-            if ($0 !~ /^[ \t]/ && $0 !~ /^Traceback/) { print held; holding = 0; held = "" }
-            next }
-  { print }
-  END { if (holding) print held }' >&2)
-status=$?
-set -e
-wait   # (the filter)
-case "$(cat "$said" 2>/dev/null)" in
-  SIGINT) exit 130 ;;
-  SIGTERM) exit 143 ;;
-  SIGUSR1) exit 138 ;;
-esac
-exit "$status"
+exec "$ROOT/launch/torchrun-quiet.sh" "${cmd[@]}"   # drops torchrun's SignalException traceback (see there)

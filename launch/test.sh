@@ -12,6 +12,8 @@ launch/bootstrap.sh
 # package the same way.
 missing=""
 command -v prometheus >/dev/null 2>&1 || missing="$missing prometheus"
+command -v slurmctld >/dev/null 2>&1 || missing="$missing slurm-wlm"   # tests/test_slurm.py: a real SLURM on loopback
+command -v munged >/dev/null 2>&1 || missing="$missing munge"
 [ -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || missing="$missing dataset-fashion-mnist"
 browser=""
 command -v chromium-headless-shell >/dev/null 2>&1 || command -v chromium >/dev/null 2>&1 || browser=chromium-headless-shell

@@ -37,7 +37,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from geodml.cores import apply_session_nice, session_nice
 
@@ -108,7 +108,7 @@ class Forked:
         self.send_signal(signal.SIGKILL)
 
 
-def _fork_rank(argv: Sequence[str], env: dict[str, str], nice: int | None) -> Forked:
+def _fork_rank(argv: Sequence[str], env: dict[str, str], nice: int | None, entry: Callable[[list[str]], int]) -> Forked:
     """Start one rank as a fork of this process (module docstring); the parent gets its handle."""
     sys.stdout.flush()
     sys.stderr.flush()
@@ -124,8 +124,7 @@ def _fork_rank(argv: Sequence[str], env: dict[str, str], nice: int | None) -> Fo
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.environ.clear()
         os.environ.update(env)
-        from geodml.cli import main
-        code = main(list(argv))
+        code = entry(list(argv))
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:  # noqa: BLE001 -- a fresh interpreter would print it and exit 1
@@ -172,8 +171,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def spawn(argv: Sequence[str], processes: int) -> int:
-    """Run ``python -m geodml argv`` as ``processes`` local ranks (module docstring); their exit code."""
+def spawn(argv: Sequence[str], processes: int, entry: Callable[[list[str]], int]) -> int:
+    """Run ``python -m geodml argv`` as ``processes`` local ranks (module docstring); their exit code. ``entry``
+    is what a forked rank calls with ``argv`` (geodml.cli.main, which a fresh interpreter runs)."""
     port = _free_port()
     base = {k: v for k, v in os.environ.items() if k not in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE",
                                                               "TORCHELASTIC_RESTART_COUNT")}
@@ -206,7 +206,7 @@ def spawn(argv: Sequence[str], processes: int) -> int:
             # once (the ranks then stop at an agreed step, geodml.interrupt; two would be the "stop at once"
             # signal); they get SIGTERM if this process dies without passing anything on.
             if fork:
-                children.append(_fork_rank(argv, env, nice))
+                children.append(_fork_rank(argv, env, nice, entry))
             else:
                 children.append(subprocess.Popen([sys.executable, "-m", "geodml", *argv], env=env,
                                                  start_new_session=True, preexec_fn=lambda: _new_session(nice)))
