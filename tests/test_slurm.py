@@ -3,10 +3,11 @@
 One node (this machine, NodeAddr 127.0.0.1), a generated slurm.conf in a temporary directory, the
 daemons on free ports, munge's socket and key there too, everything stopped afterwards. A 2-rank
 Gaia run (digits, one partition a rank, a checkpoint every 20 steps) is submitted with sbatch,
-`scontrol requeue`d once it has passed step 60, and must resume from its checkpoint by itself and end
-bit-identical to the same run uninterrupted (``python -m geodml`` in one process: the results do not
-depend on the process count). SLURM holds a requeued job for 120 s (its BeginTime); the test releases
-it at once with ``scontrol update StartTime=now``, which is the only step a user would not take.
+preempted by the script's own time-limit path (SIGUSR1) and later `scontrol requeue`d, and must
+resume from its checkpoint by itself each time and end bit-identical to the same run uninterrupted
+(``python -m geodml`` in one process: the results do not depend on the process count). SLURM holds a
+requeued job for 120 s (its BeginTime); the test releases it at once with ``scontrol update
+StartTime=now``, which is the only step a user would not take.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ MinJobAge=3600
 NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count() or 1} State=UNKNOWN
 PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
 """)
-    env = {**os.environ, "SLURM_CONF": str(conf)}
+    env = {**os.environ, "SLURM_CONF": str(conf), "SLURMD_LOG": str(d / "slurmd.log")}
     started: list[Path] = []
     try:
         subprocess.run([munged, "--force", f"--socket={sock}", f"--key-file={key}", f"--pid-file={d / 'munge' / 'pid'}",
@@ -126,7 +127,27 @@ def _steps_logged(out: Path) -> int:
     return max((json.loads(x)["step"] for x in lines if x.strip()), default=0)
 
 
-def test_a_requeued_job_resumes_from_its_checkpoint_bit_identical(slurm, tmp_path):
+def _until_state(env: dict, job: str, want: str, restarts: str, timeout_s: float) -> dict[str, str]:
+    return _wait(f"job {job} to be {want} with Restarts={restarts}", lambda: (
+        (j := _job(env, job)).get("Restarts") == restarts and j.get("JobState") == want and j), timeout_s)
+
+
+def _release(env: dict, job: str, attempt: int) -> None:
+    """Start a requeued job now instead of after SLURM's 120 s hold, once slurmd has finished the step of its
+    ``attempt``-th run (its log says "[JOB.0] done with job" that many times): srun and the batch script may end
+    before the step's last process, and an attempt launched before then is refused ("Job credential revoked")."""
+    log = Path(env["SLURMD_LOG"])
+    _wait(f"slurmd to finish attempt {attempt}'s step", lambda: log.read_text().count(f"[{job}.0] done with job")
+          >= attempt, 120, 0.2)
+    subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], env=env, check=True, capture_output=True,
+                   timeout=30)
+
+
+def test_preempted_and_requeued_jobs_resume_from_their_checkpoints_bit_identical(slurm, tmp_path):
+    """One job, interrupted twice: (1) SIGUSR1 to its batch script alone (what --signal=B:USR1@120 sends before
+    the time limit; here `scancel --batch --signal=USR1`) past step 60: the script stops the ranks at a
+    checkpoint and requeues the job itself; (2) `scontrol requeue` past step 200 of the restarted job: SLURM
+    stops the ranks (SIGTERM). Each restart resumes by itself; the job ends as the uninterrupted run does."""
     flags = ["--dataset", "digits", "--model", "cnn", "--algo", "gaia", "--t0", "0.05", "--partitions", "2",
              "--steps", "600", "--checkpoint-every", "20", "--log-every", "10", "--eval-every", "200", "--no-progress",
              "--wan", "off"]
@@ -137,25 +158,32 @@ def test_a_requeued_job_resumes_from_its_checkpoint_bit_identical(slurm, tmp_pat
     out, log = tmp_path / "run", tmp_path / "job.out"
     env = {**slurm, "NPROC": "2", "RDZV_HOST": "127.0.0.1", "RDZV_PORT": str(_free_port()), "PYTHON": sys.executable,
            "GEODML_ROOT": str(REPO)}
-    sub = subprocess.run(["sbatch", "--parsable", "--nodes=1", "--cpus-per-task=1", f"--output={log}", f"--chdir={tmp_path}",
-                          str(REPO / "launch" / "slurm.sbatch"), *flags, "--out", str(out)],
+    sub = subprocess.run(["sbatch", "--parsable", "--nodes=1", "--cpus-per-task=1", f"--output={log}",
+                          f"--chdir={tmp_path}", str(REPO / "launch" / "slurm.sbatch"), *flags, "--out", str(out)],
                          env=env, capture_output=True, text=True, timeout=60, check=True)
     job = sub.stdout.strip().split(";")[0]
     try:
         _wait("the job to pass step 60", lambda: _steps_logged(out) >= 60, 240, 0.2)
+        subprocess.run(["scancel", "--batch", "--signal=USR1", job], env=env, check=True, capture_output=True,
+                       timeout=30)
+        _until_state(env, job, "PENDING", "1", 120)
+        first = _steps_logged(out)
+        _release(env, job, 1)
+        _wait("the restarted job to pass step 200", lambda: _steps_logged(out) >= max(200, first + 20), 240, 0.2)
         subprocess.run(["scontrol", "requeue", job], env=env, check=True, capture_output=True, timeout=30)
-        _wait("the job to be requeued", lambda: _job(env, job).get("Restarts") == "1"
-              and _job(env, job).get("JobState") == "PENDING", 120)
-        subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], env=env, check=True,
-                       capture_output=True, timeout=30)
-        state = _wait("the requeued job to end", lambda: _job(env, job).get("JobState") in
+        _until_state(env, job, "PENDING", "2", 120)
+        _release(env, job, 2)
+        state = _wait("the job to end", lambda: _job(env, job).get("JobState") in
                       ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL") and _job(env, job), 300)
     finally:
         subprocess.run(["scancel", job], env=env, capture_output=True, timeout=30)
     text = log.read_text()
-    assert state["JobState"] == "COMPLETED" and state["Restarts"] == "1", (state, text[-4000:])
-    assert "geodml: interrupted (SIGTERM) at step" in text, text[-4000:]
-    assert f"slurm.sbatch: job {job} restarted (1): resuming from its checkpoint (--resume)" in text
+    assert state["JobState"] == "COMPLETED" and state["Restarts"] == "2", (state, text[-4000:])
+    assert "slurm.sbatch: SIGUSR1 (the time limit is near): stopping the ranks at a checkpoint" in text, text[-4000:]
+    assert f"slurm.sbatch: job {job} requeued; it resumes from its checkpoint" in text
+    assert text.count("geodml: interrupted (SIGTERM) at step") == 2, text[-4000:]
+    for n in (1, 2):
+        assert f"slurm.sbatch: job {job} restarted ({n}): resuming from its checkpoint (--resume)" in text
     assert "Traceback" not in text, text[-4000:]  # torchrun's SignalException is dropped (launch/torchrun-quiet.sh)
     for k in range(2):
         a, b = torch.load(ref / f"rank{k}" / "model.pt"), torch.load(out / f"rank{k}" / "model.pt")
