@@ -12,10 +12,11 @@ def leave(code: int) -> None:
     without ``os._exit``). When the run returned and this is the only thread left, every file geodml wrote has
     been closed (the run directory's writers close what they open; only the datasets' read-only maps stay), so
     the exit handlers run, the standard streams are flushed and the process ends at once. Otherwise (another
-    thread still running, e.g. a library's writer) it exits the usual way."""
+    thread still running, e.g. a library's writer; or under a profiler or a tracer such as ``python -m cProfile
+    -m geodml`` and coverage) it exits the usual way."""
     import threading
-    if threading.active_count() != 1:
-        raise SystemExit(code)
+    if threading.active_count() != 1 or sys.gettrace() is not None or sys.getprofile() is not None:
+        raise SystemExit(code)  # (a profiler or coverage writes its data after the module returns)
     import atexit
     import os
     atexit._run_exitfuncs()  # noqa: SLF001 -- what interpreter exit would run
