@@ -256,9 +256,9 @@ class Checkpointer:
         except StorageError as exc:
             kept = [s for s in list_steps(self.out, self.rank) if s < step]
             raise StorageError(f"{exc} at step {step}; "
-                                      + (f"the last complete checkpoint, step {kept[-1]}, is intact: make room and "
-                                         "run the same command with --resume" if kept else
-                                         "no earlier checkpoint: the run cannot be resumed")) from None
+                               + (f"the last complete checkpoint, step {kept[-1]}, is intact: {exc.remedy} and "
+                                  "run the same command with --resume" if kept else
+                                  "no earlier checkpoint: the run cannot be resumed"), exc.remedy) from None
         self.saved_steps.append(step)
         if self.world_size > 1:
             trainer.comm.meta_all_reduce(self._barrier)  # every rank has `step` on disk (uncharged barrier)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import shutil
 from pathlib import Path
 
@@ -16,7 +17,22 @@ class InputError(ValueError):
 class StorageError(InputError):
     """A file of the run could not be written (a full disk, an I/O error, a permission taken away): the
     message names the file, the operation, the error and the free space; the partial file is gone and
-    every file written before is as it was (geodml.rundir's writers)."""
+    every file written before is as it was (geodml.rundir's writers). ``remedy``: what to do before resuming."""
+
+    def __init__(self, message: str, remedy: str = "fix the cause") -> None:
+        super().__init__(message)
+        self.remedy = remedy
+
+
+def remedy_for(err: int | None) -> str:
+    """What a user does about a failed write before resuming, by its errno."""
+    if err in (errno.ENOSPC, errno.EDQUOT):
+        return "make room"
+    if err in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "restore write access"
+    if err == errno.EIO:
+        return "check the disk"
+    return "fix the cause"
 
 
 def free_space(path: Path) -> str:
@@ -38,4 +54,5 @@ def free_space(path: Path) -> str:
 def storage_error(path: Path, what: str, exc: OSError) -> StorageError:
     """One line for a failed write: the file, what was being written, the error, the free space."""
     reason = exc.strerror or type(exc).__name__
-    return StorageError(f"cannot write {what} {path}: {reason} ({free_space(path.parent)} on its file system)")
+    return StorageError(f"cannot write {what} {path}: {reason} ({free_space(path.parent)} on its file system)",
+                        remedy_for(exc.errno))

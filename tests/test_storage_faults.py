@@ -93,3 +93,52 @@ def test_a_metrics_line_that_cannot_be_written_is_a_storage_error():
         sink.log({"step": 1, "train_loss": 0.5})
     sink.log({"step": 2})   # once failed, the sink is closed: nothing more is attempted
     sink.close()
+
+
+def _immutable(path: Path, on: bool) -> bool:
+    """chattr +i / -i (ext2-4, XFS, btrfs): even root may then not create or delete a file in ``path``."""
+    r = subprocess.run(["chattr", "+i" if on else "-i", str(path)], capture_output=True, text=True, timeout=30)
+    return r.returncode == 0
+
+
+@pytest.mark.integration
+def test_a_permission_taken_away_mid_run_is_one_line_and_resume_finishes_the_run(tmp_path):
+    """The run's rank directory made immutable while the run trains (EPERM, "Operation not permitted", the
+    same for root): the next checkpoint fails with one line naming it and the last complete one, exit 2, no
+    traceback; with the permission back, --resume finishes the run with the weights of one never interrupted."""
+    import re
+    import time
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    if not _immutable(probe, True):
+        pytest.skip("this file system does not take chattr +i")
+    _immutable(probe, False)
+    run = [*RUN[:RUN.index("--steps")], "--steps", "1200", "--checkpoint-every", "200", "--eval-every", "1200",
+           "--no-progress", "--seed", "5"]
+    whole, out = tmp_path / "whole", tmp_path / "run"
+    assert main([*run, "--out", str(whole)]) == 0
+    p = subprocess.Popen([sys.executable, "-m", "geodml", *run, "--processes", "1", "--out", str(out)], cwd=REPO,
+                         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rank1 = out / "rank1"
+    try:
+        deadline = time.monotonic() + 120
+        while not list(rank1.glob("ckpt-*.pt")) and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.005)
+        assert _immutable(rank1, True)
+        _, err = p.communicate(timeout=180)
+    finally:
+        _immutable(rank1, False)
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 2, err[-3000:]
+    (line,) = _error_lines(err)
+    m = re.fullmatch(rf"geodml: error: cannot write checkpoint {re.escape(str(rank1))}/ckpt-(\d+)\.pt: Operation not "
+                     r"permitted \(.* free on its file system\) at step (\d+); the last complete checkpoint, step (\d+), "
+                     r"is intact: restore write access and run the same command with --resume", line)
+    assert m and m.group(1).lstrip("0") == m.group(2) and int(m.group(3)) < int(m.group(2)), line
+    assert "Traceback" not in err and (rank1 / f"ckpt-{int(m.group(3)):08d}.pt").exists()
+    r = subprocess.run([sys.executable, "-m", "geodml", *run, "--processes", "1", "--out", str(out), "--resume"],
+                       cwd=REPO, env=_env(), capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0 and f"resumed from step {m.group(3)}" in r.stdout, r.stderr[-3000:]
+    got, want = _models(out), _models(whole)
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
