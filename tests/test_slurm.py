@@ -133,12 +133,17 @@ def _until_state(env: dict, job: str, want: str, restarts: str, timeout_s: float
 
 
 def _release(env: dict, job: str, attempt: int) -> None:
-    """Start a requeued job now instead of after SLURM's 120 s hold, once slurmd has finished the step of its
-    ``attempt``-th run (its log says "[JOB.0] done with job" that many times): srun and the batch script may end
-    before the step's last process, and an attempt launched before then is refused ("Job credential revoked")."""
+    """Start a requeued job now instead of after SLURM's 120 s hold. slurmd refuses to launch a job whose new
+    credential is not newer than the revocation of its last attempt ("Job credential revoked"), and both times
+    are in whole seconds: so wait until slurmd has logged the last attempt's batch step done ``attempt`` times,
+    and until the wall clock is 2 s past that line's time."""
+    from datetime import datetime
     log = Path(env["SLURMD_LOG"])
-    _wait(f"slurmd to finish attempt {attempt}'s step", lambda: log.read_text().count(f"[{job}.0] done with job")
-          >= attempt, 120, 0.2)
+    tag = f"[{job}.batch] done with job"
+    lines = _wait(f"slurmd to finish attempt {attempt}", lambda: (
+        found if len(found := [x for x in log.read_text().splitlines() if tag in x]) >= attempt else None), 120, 0.2)
+    done = datetime.fromisoformat(lines[attempt - 1][1:24]).timestamp()  # "[2026-12-03T20:12:26.143] ..."
+    time.sleep(max(0.0, done + 2.0 - time.time()))
     subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], env=env, check=True, capture_output=True,
                    timeout=30)
 
