@@ -318,7 +318,8 @@ class AlgoConfig:
 
     algo: str = opt("bsp", metavar="{" + ",".join(ALGOS + API_ALGOS) + "}|MODULE:CLASS",
                     help="decentralized learning algorithm; local: no communication, each partition trains alone; "
-                    "MODULE:CLASS or a registered name: a plugin (docs/plugins.md)")
+                    "MODULE:CLASS or a registered name: a plugin (docs/plugins.md); one with options of its own "
+                    "(diloco, gossip, ...) shows them in this help once it is the chosen algorithm")
     # Gaia (Algorithm 1)
     t0: float = opt(0.1, algos=GAIA, help="initial significance threshold T0, 0.1 = 10%; T_t = T0 * lr_t / lr_0")
     # DeepGradientCompression (Algorithm 3)
