@@ -414,14 +414,32 @@ def main(argv: list[str] | None = None, *, spawn: bool = False) -> int:
     missing at start-up or lost later (geodml.peerwatch.PEER_LOST_EXIT). ``spawn`` (``python -m
     geodml``): outside torchrun, a run of several partitions starts ``--processes`` local ranks
     (geodml.engine.launcher) after its input passed the preflight, and returns their exit code."""
-    from geodml.peerwatch import PEER_LOST_EXIT
-    from geodml.rundir import RunFinished
-    from geodml.runtime import Env, StartupError
+    from geodml.peerwatch import AgentStop
+    from geodml.runtime import Env
     try:
         env = Env.from_environ()
     except ValueError as exc:  # a broken torchrun environment has no trustworthy rank 0: every process says it
         _error(str(exc))
         return 2
+    # Under a torchrun agent, a SIGTERM from it says which peer was lost (geodml.peerwatch.AgentStop).
+    agent_stop = AgentStop.install(env.rank, env.world_size, env.local_world_size) if env.under_torchrun else None
+    try:
+        return _main(argv, env, spawn=spawn, agent_stop=agent_stop)
+    finally:
+        if agent_stop is not None:
+            agent_stop.close()
+
+
+def _main(argv: list[str] | None, env: Any, *, spawn: bool, agent_stop: Any) -> int:
+    from geodml.peerwatch import BAD_INPUT, PEER_LOST_EXIT, say_once
+    from geodml.rundir import RunFinished
+    from geodml.runtime import StartupError
+
+    def bad_input(message: str) -> int:
+        if agent_stop is not None:
+            agent_stop.enter(BAD_INPUT)   # rank 0 reports it; its agent's SIGTERM then is no loss
+        return _bad_input_exit(message, is_rank0)
+
     is_rank0 = env.rank == 0
     warnings: list[str] = []
     try:
@@ -449,10 +467,12 @@ def main(argv: list[str] | None = None, *, spawn: bool = False) -> int:
                   "torchrun restart", file=sys.stderr)
         return 0
     except ValueError as exc:
-        return _bad_input_exit(str(exc), is_rank0)
+        return bad_input(str(exc))
     if processes > 1:
         from geodml.engine.launcher import spawn as spawn_ranks
         return spawn_ranks(sys.argv[1:] if argv is None else argv, processes, main)
+    if agent_stop is not None:
+        agent_stop.enter("at start-up")
     from geodml.compose import InputError, run  # (torch is imported after the flags: --help stays fast)
     from geodml.interrupt import Interrupted, on_signals
     try:
@@ -465,10 +485,9 @@ def main(argv: list[str] | None = None, *, spawn: bool = False) -> int:
                   file=sys.stderr, flush=True)
         return stop.exit_code
     except InputError as exc:  # found during set-up, after the process group exists (docs/reliability.md)
-        return _bad_input_exit(str(exc), is_rank0)
-    except StartupError as exc:  # a rank never joined: name it, no traceback
-        if exc.speak:
-            print(f"geodml: error: {exc}", file=sys.stderr)
+        return bad_input(str(exc))
+    except StartupError as exc:  # a rank never joined: name it, no traceback (one line per rank)
+        say_once(f"geodml: error: {exc}; stopping rank {env.rank}")
         return PEER_LOST_EXIT
     return 0
 

@@ -33,7 +33,7 @@ import signal
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 if TYPE_CHECKING:
     from geodml.trainer import Trainer
@@ -120,7 +120,12 @@ class PeerWatch:
                         verdict, lost = f"rank {r} lost: it failed and stopped", r
                         break
                     if self.store.add(self._key("lost", r), 0):   # another rank already declared it
-                        verdict = f"rank {r} lost: no heartbeat (declared by a peer, --peer-timeout-s {self.timeout_s:g})"
+                        if self.store.check([self._key("why", r)]):  # its words (geodml.peerwatch.AgentStop)
+                            verdict = self.store.get(self._key("why", r)).decode("utf-8", "replace")
+                        else:
+                            verdict = (f"rank {r} lost: no heartbeat (declared by a peer, "
+                                       f"--peer-timeout-s {self.timeout_s:g})")
+                        self.store.add(self._key("seen", r), 1)
                         lost = r
                         break
                     if self.store.add(self._key("done", r), 0):
@@ -150,13 +155,32 @@ class PeerWatch:
                     verdict = (f"{who} lost: the store stopped answering for {now - last_good:.1f} s "
                                f"(--peer-timeout-s {self.timeout_s:g}; {type(exc).__name__})")
             if verdict is not None:
-                with self._lock:
-                    if self._stop.is_set():
-                        return
-                    self.verdict = verdict
-                    self._decided.set()
-                self.on_lost(f"geodml: error: {verdict}; stopping rank {self.rank}")
+                if self.claim(verdict):
+                    self.on_lost(f"geodml: error: {verdict}; stopping rank {self.rank}")
                 return
+
+    def claim(self, verdict: str) -> bool:
+        """Take ``verdict`` as this rank's reason to stop; False when the watch was stopped or another
+        thread (this watch's, or :class:`AgentStop`'s) decided first: that one speaks and exits."""
+        with self._lock:
+            if self._stop.is_set() or self._decided.is_set():
+                return False
+            self.verdict = verdict
+            self._decided.set()
+            return True
+
+    def declare(self, lost: int, verdict: str, *, others: int, wait_s: float | None = None) -> None:
+        """Mark rank ``lost`` lost with ``verdict`` as its words, for the peers' watches to repeat; wait
+        (at most ``wait_s``, default two heartbeat intervals and a second) until ``others`` of them have
+        read it: a rank that hosts the store must not take it away before the other node has heard."""
+        try:
+            self.store.set(self._key("why", lost), verdict.encode("utf-8"))
+            self.store.add(self._key("lost", lost), 1)
+            deadline = time.monotonic() + (2 * self.interval_s + 1.0 if wait_s is None else wait_s)
+            while self.store.add(self._key("seen", lost), 0) < others and time.monotonic() < deadline:
+                time.sleep(0.05)
+        except Exception:  # noqa: BLE001 -- the store's own error types vary; best effort while stopping
+            pass
 
     def last_view(self, now: float | None = None) -> str | None:
         """What this watch last saw go wrong, or None: the peers silent for more than two heartbeat
@@ -186,6 +210,8 @@ class PeerWatch:
                     continue
                 if self.store.add(self._key("input", r), 0):
                     return None  # a bad input: rank 0 says it once, nothing to add
+                if self.store.add(self._key("lost", r), 0) and self.store.check([self._key("why", r)]):
+                    return self.store.get(self._key("why", r)).decode("utf-8", "replace")
                 if self.store.add(self._key("failed", r), 0) or self.store.add(self._key("lost", r), 0):
                     return f"rank {r} failed or was lost"
         except Exception as exc:  # noqa: BLE001 -- the store's own error types vary
@@ -193,6 +219,13 @@ class PeerWatch:
             return (f"the store ({who}) is not answering ({type(exc).__name__}): the node that hosts it lost a rank "
                     "or its agent stopped")
         return None
+
+    def peer_input_error(self) -> bool:
+        """Whether a peer reported a bad input (:meth:`mark_failed`); False when the store does not answer."""
+        try:
+            return any(self.store.add(self._key("input", r), 0) for r in range(self.world_size) if r != self.rank)
+        except Exception:  # noqa: BLE001 -- the store's own error types vary
+            return False
 
     def await_verdict(self, timeout_s: float | None = None) -> str | None:
         """Wait (at most ``timeout_s``, default the peer timeout plus two intervals) for the thread to
@@ -232,32 +265,199 @@ def _flush_stdout() -> None:
         pass
 
 
-def _exit_lost(message: str) -> None:
+_said = threading.Lock()
+
+
+def say_once(message: str) -> bool:
+    """Print this process's one error line about a lost peer (stderr); False, printing nothing, when a
+    line was already printed: the watch, :class:`AgentStop` and the start-up join may all see the loss."""
+    if not _said.acquire(blocking=False):
+        return False
     _flush_stdout()
-    print(message, file=sys.stderr, flush=True)
+    try:
+        sys.stderr.write(message + "\n")   # one write: ranks that share a terminal do not split each other's lines
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    return True
+
+
+def _exit_lost(message: str) -> None:
+    say_once(message)
     os._exit(PEER_LOST_EXIT)
 
 
-def stopped_from_outside(watch: PeerWatch, rank: int, ordinary: Any = None) -> Callable[[int, Any], None]:
-    """A SIGTERM handler: torchrun's agent stops its workers when the job lost a rank elsewhere
-    (on a two-node job whose rendezvous host lost a rank, the other agent fails within a second,
-    before any heartbeat times out). Say what this rank's watch last saw -- which peer went silent,
-    whether the store stopped answering -- then die of the signal as before. When the watch saw
-    nothing wrong, the SIGTERM is an ordinary one (a user, SLURM, torchrun passing on a Ctrl-C): it
-    goes to ``ordinary``, the handler this one replaced (geodml.interrupt's: the run stops at an agreed
-    step), or, without one, ends the process as SIGTERM does."""
-    def handler(signum: int, frame: Any) -> None:
-        seen = watch.diagnose()
-        if seen:
-            print(f"geodml: error: rank {rank} stopped by its torchrun agent (SIGTERM) after the job lost a peer: {seen}",
-                  file=sys.stderr, flush=True)
-        elif callable(ordinary):
-            ordinary(signum, frame)
+DECIDE_S = 5.0
+"""The longest the main thread's SIGTERM handler waits for :class:`AgentStop`'s thread to say why."""
+CHECKS_WAIT_S = 20.0
+"""The longest :class:`AgentStop`'s thread waits for this rank's input checks before it looks for a cause."""
+CHECKING, BAD_INPUT = "while checking the input", "bad input"
+
+
+class AgentStop:
+    """Why this worker's torchrun agent stopped it, said by a thread of its own (docs/reliability.md "Two
+    nodes").
+
+    With ``--max-restarts 0`` an agent stops its node's other workers with SIGTERM as soon as one of
+    them dies, and the other node's agent stops its workers when the store (hosted by one agent) goes
+    away. A Python signal handler runs only when the main thread returns to the interpreter, which a rank
+    blocked in a collective with the dead peer may not do before the agent's SIGKILL; so the signal is
+    also written to a wakeup fd (``signal.set_wakeup_fd``) and this object's thread reads it the moment it
+    arrives. It looks for the cause, in order:
+
+    1. a sibling (another worker of this agent, geodml.siblings) whose process ended before the signal:
+       that rank is the lost one. The store is told (``PeerWatch.declare``, or the start-up join's
+       verdict), so the other node's ranks repeat the same words, and this rank waits a moment for them
+       to read it before it leaves;
+    2. during the run, what the peer watch saw (``PeerWatch.diagnose``: a silent peer, a peer marked
+       lost or failed, a store that stopped answering);
+    3. at start-up, whether the store answers at all (where it does not, the node that hosts it is named:
+       which of its ranks died cannot be known from here), and a start-up verdict already in it.
+
+    With a cause it prints one line (:func:`say_once`) and exits :data:`PEER_LOST_EXIT`; without one the
+    SIGTERM is an ordinary one (a user, SLURM, torchrun passing on a Ctrl-C) and goes to the handler that
+    was there before (geodml.interrupt's: the run stops at an agreed step). A bad input is no loss: rank 0
+    reports it and exits 2, after which its agent stops the others; so while this rank is still checking
+    the input, the thread waits for its verdict (the main thread's handler returns at once and the thread
+    sends the signal again when it is an ordinary one), and after a bad input it names nothing.
+    """
+
+    _current: ClassVar["AgentStop | None"] = None
+
+    def __init__(self, *, rank: int, world_size: int, local_world_size: int, siblings: list[Any],
+                 store_name: str) -> None:
+        self.rank, self.world_size, self.local_world_size = rank, world_size, local_world_size
+        self.siblings = siblings
+        self.store_name = store_name
+        self.phase = CHECKING
+        self.watch: PeerWatch | None = None
+        self._verdict: str | None = None
+        self._decided = threading.Event()
+        self._checked = threading.Event()
+        self._lock = threading.Lock()
+        self._first, self._deferred = True, False
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._w, False)
+        self._previous_fd = signal.set_wakeup_fd(self._w, warn_on_full_buffer=False)
+        self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._thread = threading.Thread(target=self._loop, name=f"geodml-agentstop-{rank}", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def install(cls, rank: int, world_size: int, local_world_size: int) -> "AgentStop | None":
+        """Under a torchrun agent with peers, from the main thread: start watching (:meth:`current` finds
+        it); None otherwise."""
+        if "TORCHELASTIC_RUN_ID" not in os.environ or world_size < 2 or cls._current is not None or \
+                threading.current_thread() is not threading.main_thread():
+            return None
+        from geodml.siblings import local_siblings
+        host, port = os.environ.get("MASTER_ADDR", "?"), os.environ.get("MASTER_PORT", "?")
+        cls._current = cls(rank=rank, world_size=world_size, local_world_size=local_world_size,
+                           siblings=local_siblings(), store_name=f"{host}:{port}")
+        return cls._current
+
+    @classmethod
+    def current(cls) -> "AgentStop | None":
+        """The one this process installed (signal handlers are the process's), if any."""
+        return cls._current
+
+    def enter(self, phase: str, watch: "PeerWatch | None" = None) -> None:
+        """The run is now in ``phase`` ("at start-up", "during the run", ..., or :data:`BAD_INPUT`),
+        watched by ``watch`` from here on."""
+        self.phase = phase
+        if watch is not None:
+            self.watch = watch
+        if phase != CHECKING:
+            self._checked.set()
+
+    def close(self) -> None:
+        """Give back the signal handler and the wakeup fd, and end the thread."""
+        signal.signal(signal.SIGTERM, self._previous)
+        signal.set_wakeup_fd(self._previous_fd)
+        os.close(self._w)
+        self._thread.join(5.0)
+        os.close(self._r)
+        AgentStop._current = None
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        with self._lock:
+            first, self._first = self._first, False
+            if first and not self._decided.is_set() and self.phase == CHECKING:
+                self._deferred = True   # let the checks finish; the thread sends it again if it is ordinary
+                return
+        if first:  # the thread has the first SIGTERM too: wait for its word
+            self._decided.wait(DECIDE_S)
+            if self._verdict is not None:   # it prints and ends the process
+                time.sleep(DECIDE_S * 6)
+        if callable(self._previous):
+            self._previous(signum, frame)
             return
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
-    return handler
 
+    def _loop(self) -> None:
+        while True:
+            try:
+                got = os.read(self._r, 64)
+            except OSError:
+                return
+            if not got:
+                return
+            if signal.SIGTERM not in got or self._decided.is_set():
+                continue
+            verdict = None
+            try:
+                self._checked.wait(CHECKS_WAIT_S)
+                if self.phase != BAD_INPUT:
+                    verdict = self._stop_with_cause()
+            finally:
+                with self._lock:
+                    self._verdict = verdict
+                    self._decided.set()
+                    again = self._deferred and verdict is None
+            if again:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    def _stop_with_cause(self) -> str | None:
+        """Say why (class docstring), tell the peers, and exit; None when there is no cause to name."""
+        from geodml.siblings import ended
+        agent = f"its torchrun agent stopped rank {self.rank} (SIGTERM)"
+        if self.watch is not None and self.watch.peer_input_error():
+            return None   # a bad input found after the process group existed: rank 0 reports it, all exit 2
+        gone = ended(self.siblings)
+        if gone:
+            s = gone[0]
+            said = (f"rank {s.rank} lost {self.phase}: its process (local rank {s.local_rank}, pid {s.pid}) ended on "
+                    f"the node of rank {self.rank}")
+            others = self.world_size - self.local_world_size   # the other nodes' ranks
+            if self.watch is not None:
+                if not self.watch.claim(said):
+                    return None    # the watch thread named a loss first: it speaks
+                self.watch.declare(s.rank, f"{said} (seen by rank {self.rank})", others=others)
+            else:
+                from geodml.runtime import declare_startup_verdict
+                declare_startup_verdict(f"{said} (seen by rank {self.rank})", others=others)
+            line = f"geodml: error: {said}; {agent}"
+        else:
+            seen = self.watch.diagnose() if self.watch is not None else self._probe()
+            if seen is None:
+                return None
+            if self.watch is not None and not self.watch.claim(seen):
+                return None
+            line = f"geodml: error: rank {self.rank} stopped by its torchrun agent (SIGTERM) {self.phase}: {seen}"
+        say_once(line)
+        os._exit(PEER_LOST_EXIT)
+
+    def _probe(self) -> str | None:
+        """Before the peer watch exists: does the store answer, and does it hold a start-up verdict?"""
+        from geodml.runtime import startup_verdict
+        try:
+            store, _ = _connect_store(1.0)
+            verdict = startup_verdict(store)
+        except Exception as exc:  # noqa: BLE001 -- the store's own error types vary
+            return (f"the store (the torchrun agent's at {self.store_name}) is not answering "
+                    f"({type(exc).__name__}): the node that hosts it lost a rank or its agent stopped")
+        return verdict
 
 def _exit_input_error(message: str, rank: int) -> None:
     """A peer found a bad input after the process group existed: rank 0 says it, every rank exits 2."""

@@ -106,12 +106,8 @@ def resolve_device(backend: str, device: str, local_rank: int) -> torch.device:
 
 
 class StartupError(RuntimeError):
-    """The ranks did not all join within the start-up bound. ``speak``: this rank is the one that
-    prints it (the lowest rank that joined), so the job shows the message once."""
-
-    def __init__(self, message: str, *, speak: bool) -> None:
-        super().__init__(message)
-        self.speak = speak
+    """The ranks did not all join within the start-up bound, or the store went away while they joined;
+    every rank that joined prints the message (its own line) and exits 3."""
 
 
 def _restart() -> str:
@@ -143,7 +139,7 @@ def rendezvous(env: Env, timeout_s: float, *, poll_s: float = 0.05) -> dist.Stor
         who = "the torchrun agent's store" if _agent_store() else "the store rank 0 hosts (no torchrun agent)"
         raise StartupError(f"start-up: rank {env.rank} cannot reach {who} at {host}:{port} within {timeout_s:g} s "
                            f"(--comm-timeout): {'rank 0 is missing or ' if not _agent_store() else ''}MASTER_ADDR/"
-                           f"MASTER_PORT are wrong ({type(exc).__name__})", speak=True) from None
+                           f"MASTER_PORT are wrong ({type(exc).__name__})") from None
     ns = f"geodml/join/{_restart()}"
     try:
         _join(store, ns, env, timeout_s, hosted=hosted, poll_s=poll_s)
@@ -152,7 +148,7 @@ def rendezvous(env: Env, timeout_s: float, *, poll_s: float = 0.05) -> dist.Stor
     except (RuntimeError, OSError) as exc:  # the store went away mid-join
         gone = "the torchrun agent is gone" if _agent_store() else "its host, rank 0, is gone"
         raise StartupError(f"start-up: the store at {host}:{port} stopped answering while rank {env.rank} waited for "
-                           f"the others to join ({gone}; {type(exc).__name__})", speak=True) from None
+                           f"the others to join ({gone}; {type(exc).__name__})") from None
     return store
 
 
@@ -182,15 +178,16 @@ def leave_together(store: dist.Store | None, env: Env, *, wait_s: float = LEAVE_
 
 def _join(store: dist.Store, ns: str, env: Env, timeout_s: float, *, hosted: bool, poll_s: float) -> None:
     """Count in and wait for everyone. The first rank whose deadline passes writes the verdict for all
-    (which ranks are missing) and speaks; the others read it, acknowledge and stay silent; the
-    store's host waits for their acknowledgements before it leaves (its store goes with it)."""
+    (which ranks are missing); the others read it and acknowledge; the store's host waits for their
+    acknowledgements before it leaves (its store goes with it). A verdict that another rank declared
+    (:func:`declare_startup_verdict`: its torchrun agent stopped it after a sibling died) ends the join too."""
     store.set(f"{ns}/{env.rank}", "1")
     store.add(f"{ns}/count", 1)
     deadline = time.monotonic() + timeout_s
     while store.add(f"{ns}/count", 0) < env.world_size:
         if store.add(f"{ns}/gave_up", 0):
             store.add(f"{ns}/acks", 1)
-            raise StartupError(store.get(f"{ns}/verdict").decode(), speak=False)
+            raise StartupError(store.get(f"{ns}/verdict").decode())
         if time.monotonic() > deadline:
             joined = [r for r in range(env.world_size) if store.check([f"{ns}/{r}"])]
             missing = [r for r in range(env.world_size) if r not in joined]
@@ -198,14 +195,40 @@ def _join(store: dist.Store, ns: str, env: Env, timeout_s: float, *, hosted: boo
             verdict = (f"start-up: {len(joined)} of {env.world_size} ranks joined within {timeout_s:g} s "
                        f"(--comm-timeout); missing: rank{'s' if len(missing) > 1 else ''} {shown} (died or never "
                        "started; see that rank's output)")
-            store.set(f"{ns}/verdict", verdict)
+            if store.add(f"{ns}/gave_up", 0) == 0:
+                store.set(f"{ns}/verdict", verdict)
             first = store.add(f"{ns}/gave_up", 1) == 1
             if hosted:  # let the others read the verdict before the store goes
                 until = time.monotonic() + 5.0
                 while store.add(f"{ns}/acks", 0) < len(joined) - 1 and time.monotonic() < until:
                     time.sleep(poll_s)
-            raise StartupError(verdict if first else store.get(f"{ns}/verdict").decode(), speak=first)
+            raise StartupError(verdict if first else store.get(f"{ns}/verdict").decode())
         time.sleep(poll_s)
+
+
+def startup_verdict(store: dist.Store) -> str | None:
+    """The start-up verdict in ``store`` for this attempt (missing ranks, or a declared loss), if any."""
+    ns = f"geodml/join/{_restart()}"
+    return store.get(f"{ns}/verdict").decode() if store.add(f"{ns}/gave_up", 0) else None
+
+
+def declare_startup_verdict(verdict: str, *, others: int, wait_s: float = 3.0) -> None:
+    """Write ``verdict`` as this attempt's start-up verdict into the job's store (MASTER_ADDR/MASTER_PORT),
+    for the ranks still joining to repeat, and wait at most ``wait_s`` until ``others`` of them have read it
+    (this node's agent takes the store away once its ranks are gone). Best effort: a store error is ignored."""
+    import torch.distributed as dist
+    ns = f"geodml/join/{_restart()}"
+    try:
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                              timeout=datetime.timedelta(seconds=1.0), wait_for_workers=False)
+        if store.add(f"{ns}/gave_up", 0) == 0:
+            store.set(f"{ns}/verdict", verdict)
+            store.add(f"{ns}/gave_up", 1)
+        deadline = time.monotonic() + wait_s
+        while store.add(f"{ns}/acks", 0) < others and time.monotonic() < deadline:
+            time.sleep(0.05)
+    except (RuntimeError, OSError, KeyError, ValueError):
+        pass
 
 
 def init_process_group(env: Env, backend: str, timeout_s: float, device: str = "auto",

@@ -3,8 +3,6 @@ peer watch, for the body of a run (geodml.engine.host), torn down in reverse."""
 
 from __future__ import annotations
 
-import signal
-import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -14,22 +12,21 @@ import torch
 from geodml.config import RunConfig
 from geodml.errors import InputError
 from geodml.interrupt import Interrupted
+from geodml.peerwatch import AgentStop
 from geodml.runtime import Env
 
 
 @contextmanager
-def _peer_watch(cfg: RunConfig, env: Env) -> Iterator[None]:
+def _peer_watch(cfg: RunConfig, env: Env, agent_stop: AgentStop | None) -> Iterator[None]:
     """Heartbeats between ranks (geodml.peerwatch) for the body; a peer's death surfaces in the
     body as a comm error, which the watch then names (exits non-zero itself when it does)."""
     if env.world_size < 2 or not env.under_torchrun:
         yield
         return
-    from geodml.peerwatch import PeerWatch, looks_like_peer_loss, stopped_from_outside
+    from geodml.peerwatch import PeerWatch, looks_like_peer_loss
     watch = PeerWatch(rank=env.rank, world_size=env.world_size, timeout_s=cfg.reliability.peer_timeout_s).start()
-    main = threading.current_thread() is threading.main_thread()  # signal handlers live in the main thread
-    previous = signal.getsignal(signal.SIGTERM) if main else None
-    if main:
-        signal.signal(signal.SIGTERM, stopped_from_outside(watch, env.rank, previous))
+    if agent_stop is not None:
+        agent_stop.enter("during the run", watch)
     try:
         yield
     except Interrupted:   # every rank stops at the same step: an ordinary end for the peers
@@ -46,9 +43,8 @@ def _peer_watch(cfg: RunConfig, env: Env) -> Iterator[None]:
             watch.mark_failed()
         watch.stop(done=False)
         raise
-    finally:
-        if main:
-            signal.signal(signal.SIGTERM, previous)
+    if agent_stop is not None:
+        agent_stop.enter("at the end of the run")
     watch.stop(done=True)
 
 
@@ -69,6 +65,9 @@ def joined(cfg: RunConfig, env: Env, backend: str, device: str) -> Iterator[tupl
 
     with ExitStack() as stack:
         stack.callback(destroy_process_group)
+        agent_stop = AgentStop.current()   # installed by the CLI under a torchrun agent
+        if agent_stop is not None:
+            agent_stop.enter("at start-up")
         fault_point("startup", env.rank)
         store = rendezvous(env, cfg.comm.timeout_s)
         dev = init_process_group(env, backend, cfg.comm.timeout_s, device, store=store)
@@ -77,7 +76,7 @@ def joined(cfg: RunConfig, env: Env, backend: str, device: str) -> Iterator[tupl
         # The watch starts once the process group exists: started before it, 16 ranks on 2 cores
         # showed a heartbeat silent for 30 s during the group's set-up (a false "rank 0 lost").
         try:
-            with _peer_watch(cfg, env):
+            with _peer_watch(cfg, env, agent_stop):
                 yield dev, out
                 fault_point("finished", env.rank, out)
         except Interrupted:
