@@ -17,12 +17,8 @@ def leave(code: int) -> None:
     import threading
     if threading.active_count() != 1 or sys.gettrace() is not None or sys.getprofile() is not None:
         raise SystemExit(code)  # (a profiler or coverage writes its data after the module returns)
-    import atexit
-    import os
-    atexit._run_exitfuncs()  # noqa: SLF001 -- what interpreter exit would run
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    from geodml.runtime import exit_now
+    exit_now(code)
 
 
 if __name__ == "__main__":

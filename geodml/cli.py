@@ -383,14 +383,19 @@ def _error(message: str) -> None:
 RANK0_GRACE_S = 20.0
 
 
-def _bad_input_exit(message: str, is_rank0: bool, grace_s: float = RANK0_GRACE_S) -> int:
+def _bad_input_exit(message: str, is_rank0: bool, grace_s: float = RANK0_GRACE_S, agent_stop: Any = None) -> int:
     """Exit code 2 for a bad input, with the message printed once: by rank 0. A rank other than 0
     under a torchrun agent (TORCHELASTIC_RUN_ID) stays until the agent stops it, which happens
     once rank 0 has printed and exited; the SIGTERM then ends it with exit code 2 too. If no
     SIGTERM comes within the grace, rank 0 did not stop on this input (a check that only this
     rank failed), so this rank prints the message itself and exits 2. Without an agent no one
-    stops the others, and the non-zero ranks exit at once, silent."""
+    stops the others, and the non-zero ranks exit at once, silent. ``agent_stop`` (geodml.peerwatch.AgentStop)
+    learns that the agent's SIGTERM is no lost peer once the handler is in place (a SIGTERM it held back
+    during the checks then comes again and finds it)."""
+    from geodml.peerwatch import BAD_INPUT
     if is_rank0:
+        if agent_stop is not None:
+            agent_stop.enter(BAD_INPUT)
         _error(message)
         return 2
     if "TORCHELASTIC_RUN_ID" not in os.environ or threading.current_thread() is not threading.main_thread():
@@ -400,6 +405,8 @@ def _bad_input_exit(message: str, is_rank0: bool, grace_s: float = RANK0_GRACE_S
         raise SystemExit(2)
 
     previous = signal.signal(signal.SIGTERM, stopped)
+    if agent_stop is not None:
+        agent_stop.enter(BAD_INPUT)
     try:
         time.sleep(grace_s)
     finally:
@@ -431,14 +438,12 @@ def main(argv: list[str] | None = None, *, spawn: bool = False) -> int:
 
 
 def _main(argv: list[str] | None, env: Any, *, spawn: bool, agent_stop: Any) -> int:
-    from geodml.peerwatch import BAD_INPUT, PEER_LOST_EXIT, say_once
+    from geodml.peerwatch import PEER_LOST_EXIT, say_once
     from geodml.rundir import RunFinished
     from geodml.runtime import StartupError
 
-    def bad_input(message: str) -> int:
-        if agent_stop is not None:
-            agent_stop.enter(BAD_INPUT)   # rank 0 reports it; its agent's SIGTERM then is no loss
-        return _bad_input_exit(message, is_rank0)
+    def bad_input(message: str) -> int:   # rank 0 reports it; its agent's SIGTERM then is no loss
+        return _bad_input_exit(message, is_rank0, agent_stop=agent_stop)
 
     is_rank0 = env.rank == 0
     warnings: list[str] = []

@@ -281,6 +281,21 @@ def seed_everything(seed: int, rank: int) -> None:
     torch.manual_seed(seed * 1_000_003 + rank)
 
 
+def exit_now(code: int) -> None:
+    """End the process with ``code`` as interpreter exit would, minus the teardown of modules: run the exit
+    handlers, flush the standard streams, then ``os._exit`` (for callers that know nothing else needs the
+    teardown: geodml.__main__.leave, and a forked rank of geodml.engine.launcher, which must never return
+    into the launcher's frames)."""
+    import atexit
+    import sys
+    try:
+        atexit._run_exitfuncs()  # noqa: SLF001 -- what interpreter exit would run (os._exit skips it)
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
 def destroy_process_group() -> None:
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():

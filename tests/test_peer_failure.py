@@ -143,8 +143,9 @@ def _wait_all(procs, bound_s):
 @pytest.mark.integration
 def test_rank_lost_during_startup_is_named_within_the_bound(tmp_path):
     """Issue 20, class 6: rank 2 dies before it joins (before any process group). The others wait at
-    most --comm-timeout (6 s) in the join, not torch's rendezvous, and exit 3; exactly one of them
-    says how many joined and which rank is missing; no traceback."""
+    most --comm-timeout (6 s) in the join, not torch's rendezvous, and exit 3; each of them says, in
+    one line of its own, how many joined and which rank is missing (issue 71 item 5: every surviving
+    rank names the lost one); no traceback."""
     k = 3
     procs = _launch(k, [*STARTUP_ARGV, "--out", str(tmp_path / "run")], tmp_path, fault="rank=2,at=startup")
     try:
@@ -157,10 +158,11 @@ def test_rank_lost_during_startup_is_named_within_the_bound(tmp_path):
     errs = [(tmp_path / f"err{r}.txt").read_text() for r in range(k)]
     assert procs[2].returncode != 0 and "GEODML_FAULT: rank 2 dies at startup" in errs[2]
     assert [procs[r].returncode for r in (0, 1)] == [PEER_LOST_EXIT] * 2, errs
-    text = errs[0] + errs[1]
-    assert text.count("geodml: error:") == 1, text
-    assert "start-up: 2 of 3 ranks joined within 6 s (--comm-timeout); missing: rank 2" in text, text
-    assert "Traceback" not in text
+    for r in (0, 1):
+        assert errs[r].count("geodml: error:") == 1, errs[r]
+        assert ("start-up: 2 of 3 ranks joined within 6 s (--comm-timeout); missing: rank 2 (died or never started; "
+                f"see that rank's output); stopping rank {r}") in errs[r], errs[r]
+        assert "Traceback" not in errs[r]
     print(f"ranks 0 and 1 gone {took:.1f} s after start (bound: --comm-timeout 6 s + start-up)")
 
 

@@ -142,3 +142,40 @@ def test_a_permission_taken_away_mid_run_is_one_line_and_resume_finishes_the_run
     assert r.returncode == 0 and f"resumed from step {m.group(3)}" in r.stdout, r.stderr[-3000:]
     got, want = _models(out), _models(whole)
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
+
+
+def test_an_io_error_at_a_checkpoints_fsync_is_one_line_and_resume_finishes_the_run(tmp_path, capsys, monkeypatch):
+    """EIO, injected where a failing disk reports it for a checkpoint: the fsync before the rename (no
+    device here fails on demand, so the fault is os.fsync's). The same one line (file, error, free space,
+    step, the last complete checkpoint), advice for EIO (check the disk), and --resume finishes the run."""
+    import errno
+    import os
+
+    import geodml.rundir
+    whole = tmp_path / "whole"
+    assert main([*RUN, "--out", str(whole)]) == 0
+    out = tmp_path / "run"
+    real_fsync = os.fsync
+    bad = out / "rank2" / "ckpt-00000030.pt.tmp"
+
+    def fsync(fd: int) -> None:
+        if Path(os.readlink(f"/proc/self/fd/{fd}")) == bad:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real_fsync(fd)
+
+    monkeypatch.setattr(geodml.rundir.os, "fsync", fsync)
+    capsys.readouterr()
+    assert main([*RUN, "--checkpoint-every", "10", "--out", str(out)]) == 2
+    monkeypatch.setattr(geodml.rundir.os, "fsync", real_fsync)
+    err = capsys.readouterr().err
+    (line,) = _error_lines(err)
+    assert line.startswith(f"geodml: error: cannot write checkpoint {out / 'rank2' / 'ckpt-00000030.pt'}: "
+                           "Input/output error (") and line.endswith(
+        " free on its file system) at step 30; the last complete checkpoint, step 20, is intact: check the disk and "
+        "run the same command with --resume"), line
+    assert "Traceback" not in err
+    assert not bad.exists() and not (out / "rank2" / "ckpt-00000030.pt").exists() and not (out / "summary.json").exists()
+    assert main([*RUN, "--checkpoint-every", "10", "--out", str(out), "--resume"]) == 0
+    assert "resumed from step 20" in capsys.readouterr().out
+    got, want = _models(out), _models(whole)
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)

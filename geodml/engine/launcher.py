@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from geodml.cores import apply_session_nice, session_nice
+from geodml.runtime import exit_now
 
 PROCESSES_ENV = "GEODML_PROCESSES"
 """The environment variable that sets ``--processes``'s default (an integer >= 1)."""
@@ -132,13 +133,7 @@ def _fork_rank(argv: Sequence[str], env: dict[str, str], nice: int | None, entry
         traceback.print_exc()
         code = 1
     finally:
-        try:
-            import atexit
-            atexit._run_exitfuncs()  # noqa: SLF001 -- what interpreter exit would run (os._exit skips it)
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+        exit_now(code)
     raise AssertionError("unreachable")  # pragma: no cover
 
 

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import json
 import math
 import statistics
@@ -237,6 +238,17 @@ class Probe:
     wan_bytes: float | None
 
 
+def _monotone_break(i: int, pi: Probe, j: int, pj: Probe, tolerance: float) -> str:
+    """Why tighter point ``i`` and looser point ``j`` (i < j) break the Oracle's monotone assumption, or ""."""
+    assert pi.accuracy is not None and pj.accuracy is not None and pi.wan_bytes is not None
+    assert pj.wan_bytes is not None
+    if pj.accuracy > pi.accuracy + tolerance:
+        return f"not monotone: point {j} is {pj.accuracy - pi.accuracy:.4f} more accurate than the tighter {i}"
+    if pj.wan_bytes > pi.wan_bytes:
+        return f"not monotone: point {j} sends more bytes than the tighter {i}"
+    return ""
+
+
 def oracle_next(probed: dict[int, Probe], n: int, threshold: float, tolerance: float) -> tuple[str, list[int], str]:
     """The Oracle's next step over a grid of ``n`` points, index 0 sending most: ``("probe", [i], "")`` to run
     point i, ``("full", [unprobed...], why)`` to run the rest of the grid, ``("done", [], why)``.
@@ -260,20 +272,8 @@ def oracle_next(probed: dict[int, Probe], n: int, threshold: float, tolerance: f
             return "probe", [mid], ""
         lo, hi = (mid, hi) if meets_target(mid) else (lo, mid)
     done = sorted(i for i, p in probed.items() if p.accuracy is not None and p.wan_bytes is not None)
-    why = ""
-    for a_i, i in enumerate(done):
-        for j in done[a_i + 1:]:
-            pi, pj = probed[i], probed[j]
-            assert pi.accuracy is not None and pj.accuracy is not None and pi.wan_bytes is not None
-            assert pj.wan_bytes is not None
-            if pj.accuracy > pi.accuracy + tolerance:
-                why = f"not monotone: point {j} is {pj.accuracy - pi.accuracy:.4f} more accurate than the tighter {i}"
-            elif pj.wan_bytes > pi.wan_bytes:
-                why = f"not monotone: point {j} sends more bytes than the tighter {i}"
-            if why:
-                break
-        if why:
-            break
+    why = next(filter(None, (_monotone_break(i, probed[i], j, probed[j], tolerance)
+                             for i, j in itertools.combinations(done, 2))), "")
     if not why:
         return "done", [], ""
     rest = [i for i in range(n) if i not in probed]
@@ -300,8 +300,6 @@ def run_study(args: argparse.Namespace, runs: list[Fig8Run], launcher: Launcher)
         for res in common.run_specs(args, [r.spec for r in todo], launcher):
             results[res.spec.run_id] = res
 
-    def mean(xs: list[float]) -> float:
-        return statistics.fmean(xs)
 
     run([r for r in runs if r.role == "bsp-iid"])
     target = aggregate([r for r in made if r.role == "bsp-iid"], results).accuracy
@@ -322,8 +320,8 @@ def run_study(args: argparse.Namespace, runs: list[Fig8Run], launcher: Launcher)
                     if rs and all(r.spec.run_id in results for r in rs):
                         res = [results[r.spec.run_id] for r in rs]
                         ok = all(x.succeeded for x in res)
-                        probed[i] = Probe(mean([run_accuracy(x.summary) for x in res if x.summary]) if ok else None,
-                                          mean([float(x.summary["wan_bytes_total"]) for x in res if x.summary])
+                        probed[i] = Probe(statistics.fmean([run_accuracy(x.summary) for x in res if x.summary]) if ok else None,
+                                          statistics.fmean([float(x.summary["wan_bytes_total"]) for x in res if x.summary])
                                           if ok else None)
                 action, idx, why = oracle_next(probed, len(grid), target - args.tolerance, args.tolerance)
                 record["probed"] = [grid[i] for i in sorted(probed)]
