@@ -35,6 +35,9 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
+from geodml.runtime import declare_startup_verdict, startup_verdict
+from geodml.siblings import ended, local_siblings
+
 if TYPE_CHECKING:
     from geodml.trainer import Trainer
 
@@ -350,7 +353,6 @@ class AgentStop:
         if "TORCHELASTIC_RUN_ID" not in os.environ or world_size < 2 or cls._current is not None or \
                 threading.current_thread() is not threading.main_thread():
             return None
-        from geodml.siblings import local_siblings
         host, port = os.environ.get("MASTER_ADDR", "?"), os.environ.get("MASTER_PORT", "?")
         cls._current = cls(rank=rank, world_size=world_size, local_world_size=local_world_size,
                            siblings=local_siblings(), store_name=f"{host}:{port}")
@@ -420,7 +422,6 @@ class AgentStop:
 
     def _stop_with_cause(self) -> str | None:
         """Say why (class docstring), tell the peers, and exit; None when there is no cause to name."""
-        from geodml.siblings import ended
         agent = f"its torchrun agent stopped rank {self.rank} (SIGTERM)"
         if self.watch is not None and self.watch.peer_input_error():
             return None   # a bad input found after the process group existed: rank 0 reports it, all exit 2
@@ -435,7 +436,6 @@ class AgentStop:
                     return None    # the watch thread named a loss first: it speaks
                 self.watch.declare(s.rank, f"{said} (seen by rank {self.rank})", others=others)
             else:
-                from geodml.runtime import declare_startup_verdict
                 declare_startup_verdict(f"{said} (seen by rank {self.rank})", others=others)
             line = f"geodml: error: {said}; {agent}"
         else:
@@ -450,7 +450,6 @@ class AgentStop:
 
     def _probe(self) -> str | None:
         """Before the peer watch exists: does the store answer, and does it hold a start-up verdict?"""
-        from geodml.runtime import startup_verdict
         try:
             store, _ = _connect_store(1.0)
             verdict = startup_verdict(store)

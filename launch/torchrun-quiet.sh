@@ -11,7 +11,7 @@ said=$(mktemp); trap 'rm -f "$said"' EXIT
 trap 'true' INT TERM USR1   # wait for torchrun and the ranks to finish what the signal started
 set +e
 "$@" 2> >(trap '' INT TERM USR1; exec awk -v said="$said" '
-  /^geodml: interrupted \(SIG[A-Z0-9]+\)/ { match($0, /SIG[A-Z0-9]+/); print substr($0, RSTART, RLENGTH) > said }
+  /^geodml: interrupted \(SIG[A-Z0-9]+\)/ { match($0, /SIG[A-Z0-9]+/); print substr($0, RSTART, RLENGTH) > said; close(said) }
   /^Traceback \(most recent call last\):/ { held = $0; holding = 1; next }
   holding { held = held "\n" $0
             if ($0 ~ /SignalException: Process [0-9]+ got signal/) { holding = 0; held = ""; next }
