@@ -36,7 +36,7 @@ def round_length(cfg: RunConfig, sizes: np.ndarray) -> int | None:
     factory = algorithm_factory(cfg.algo.algo)
     if not (factory is FedAvgFamily or (isinstance(factory, type) and issubclass(factory, FedAvg))):
         return None
-    a = cfg.algo
+    a = cfg.fedavg
     return round_steps(sizes, rounds=1, seed=cfg.seed, client_fraction=a.client_fraction,
                        batch_size=cfg.optim.batch_size, iter_local=cfg.fedavg_iter_local(),
                        local_epochs=a.local_epochs, virtual_client_size=a.virtual_client_size)[0]
@@ -47,7 +47,7 @@ def run_advice(cfg: RunConfig, *, total_steps: int, sizes: np.ndarray, topology_
     """The warning lines for this run (module docstring); ``resume_found`` None: no --resume asked."""
     out: list[str] = []
     first = round_length(cfg, sizes)
-    if first is not None and total_steps < first and cfg.algo.rounds is None:
+    if first is not None and total_steps < first and cfg.fedavg.rounds is None:
         out.append(f"geodml: warning: the run is {total_steps} steps, shorter than one {cfg.algo.algo} round of "
                    f"{first} steps: the models are averaged once, at the end (lengthen the run or shorten the round)")
     if cfg.eval_every > total_steps and not cfg.eval_at:

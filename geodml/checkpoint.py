@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from geodml import rundir
-from geodml.config import RunConfig
+from geodml.config import RunConfig, upgrade_setting_key
 from geodml.errors import StorageError
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ FORMAT = 1
 _NAME = re.compile(r"^ckpt-(\d{8})\.pt$")
 
 # RunConfig fields that change the training (a checkpoint only resumes a run with the same ones).
-_FINGERPRINT_SECTIONS = ("data", "model", "optim", "algo", "skewscout")
+_FINGERPRINT_SECTIONS = ("data", "model", "optim", "algo", "gaia", "dgc", "fedavg", "compression", "skewscout")
 _FINGERPRINT_TOP = ("seed",)
 _FINGERPRINT_COMM = ("topology", "wan", "wan_scale", "compute_s_per_step")
 _NOT_FINGERPRINTED = ("data.data_dir", "data.cache")  # where the same data lives may change between attempts
@@ -150,7 +150,7 @@ def validate(data: dict, path: Path, *, rank: int, step: int | None, fp: dict[st
                          "rank directories were mixed up")
     if step is not None and data["step"] != step:
         raise ValueError(f"checkpoint {path} holds step {data['step']}, but its name says step {step}")
-    saved = data["fingerprint"]
+    saved = {upgrade_setting_key(k): v for k, v in data["fingerprint"].items()}  # "algo.t0" before the split
     for key in sorted(set(saved) | set(fp)):
         older = key not in saved   # written by a geodml before this setting existed: that run had its default
         was = _defaults().get(key) if older else saved[key]

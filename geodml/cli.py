@@ -23,7 +23,16 @@ from pathlib import Path
 from typing import Any, Callable, NoReturn
 
 from geodml import __version__
-from geodml.config import OPTIONS, SECTIONS, Option, RunConfig, parse_floats, plugin_config_class, plugin_options
+from geodml.config import (
+    OPTIONS,
+    SECTIONS,
+    Option,
+    RunConfig,
+    parse_floats,
+    plugin_config_class,
+    plugin_options,
+    upgrade_config,
+)
 
 
 class UsageError(ValueError):
@@ -70,7 +79,8 @@ def _float_list(text: str) -> tuple[float, ...]:
 
 OPTION_OF: dict[str, Option] = {o.dest: o for o in OPTIONS}
 """argparse destination (= TOML key with underscores) -> its option."""
-HELP_ORDER = ("algo", "plugin", "skewscout", "data", "model", "optim", "comm", None, "reliability")
+HELP_ORDER = ("algo", "gaia", "dgc", "fedavg", "compression", "plugin", "skewscout", "data", "model", "optim", "comm", None,
+              "reliability")
 """The order of --help's sections (RunConfig attributes; None: RunConfig's own fields)."""
 
 
@@ -230,6 +240,7 @@ def flatten_sections(raw: dict[str, Any], option_of: dict[str, Option], *, where
     every field, and the ones it did not set should not count as given). Unknown keys raise UsageError."""
     by_field = {(o.section, o.name): o for o in option_of.values()}
     out: dict[str, Any] = {}
+    raw = upgrade_config(raw)   # [algo] t0 = ..., as run directories before the split wrote it
 
     def put(o: Option, value: Any) -> None:
         if o.name in NOT_RERUN and only_changed:

@@ -307,11 +307,13 @@ extends FedAvg receives (geodml.algorithms.federated.fedavg_arguments) and is no
 
 @dataclass(kw_only=True)
 class AlgoConfig:
-    """Which decentralized learning algorithm runs and its hyper-parameters (Quagmire Appendix A).
+    """Which decentralized learning algorithm runs (Quagmire Appendix A; a plugin: docs/plugins.md).
 
-    One flat section (``cfg.algo.t0``, ``cfg.algo.iter_local``: the run directory's config.json
-    and checkpoint fingerprints name them so); each knob says which algorithm it belongs to in
-    its metadata (``algos``), which titles its help and warns when it is given to another one.
+    Each of geodml's algorithms keeps its hyper-parameters in a section of its own (:class:`GaiaConfig`,
+    :class:`DGCConfig`, :class:`FedAvgConfig`, :class:`CompressConfig`; a plugin's in ``RunConfig.plugin``);
+    each knob also says which algorithms it means something to in its metadata (``algos``), which titles its
+    help and warns when it is given to another one. Run directories written before the split keep these
+    fields in the ``algo`` section: :func:`upgrade_config` reads them.
     """
 
     GROUP: ClassVar[str] = "algorithm"
@@ -320,9 +322,36 @@ class AlgoConfig:
                     help="decentralized learning algorithm; local: no communication, each partition trains alone; "
                     "MODULE:CLASS or a registered name: a plugin (docs/plugins.md); one with options of its own "
                     "(diloco, gossip, ...) shows them in this help once it is the chosen algorithm")
-    # Gaia (Algorithm 1)
+
+    def __post_init__(self) -> None:
+        _check(self.algo in ALGOS or plugins.is_plugin_name("algo", self.algo),
+               f"--algo: unknown algorithm {self.algo!r}; choose one of {', '.join(ALGOS + API_ALGOS)}, or a plugin "
+               f"MODULE:CLASS (docs/plugins.md){did_you_mean(self.algo, ALGOS + API_ALGOS)}")
+        if self.algo not in ALGOS:
+            factory = plugins.load("algo", self.algo)
+            _check(callable(getattr(factory, "from_config", None)),
+                   f"--algo {self.algo}: has no from_config(cfg, *, flat, comm, ctx) (subclass geodml.Algorithm, whose "
+                   "from_config builds it from the run's config; docs/plugins.md)")
+
+
+@dataclass(kw_only=True)
+class GaiaConfig:
+    """Gaia's options (Quagmire Algorithm 1)."""
+
+    GROUP: ClassVar[str] = "algorithm"
+
     t0: float = opt(0.1, algos=GAIA, help="initial significance threshold T0, 0.1 = 10%; T_t = T0 * lr_t / lr_0")
-    # DeepGradientCompression (Algorithm 3)
+
+    def __post_init__(self) -> None:
+        _check(_finite(self.t0) and self.t0 >= 0, f"--t0 must be >= 0 (a fraction, 0.1 = 10%), got {self.t0!r}")
+
+
+@dataclass(kw_only=True)
+class DGCConfig:
+    """Deep Gradient Compression's options (Quagmire Algorithm 3; Lin et al. 2018)."""
+
+    GROUP: ClassVar[str] = "algorithm"
+
     sparsity: float = opt(0.999, algos=DGC, help="final update sparsity s (0.999 = send the top 0.1%)")
     e_warm: float = opt(4.0, algos=DGC, help="epochs per sparsity warm-up stage (75%, 93.75%, 98.4375%, 99.6%, "
                         "then --sparsity); 0: no warm-up")
@@ -334,7 +363,28 @@ class AlgoConfig:
     dgc_clip_at: str = opt("gradient", algos=DGC, choices=DGC_CLIP_AT, help="with --clip-norm: gradient: clip each "
                            "partition's gradient at clip_norm/sqrt(K) before momentum (Lin et al.); update: clip the "
                            "momentum-corrected update at clip_norm, as the authors' parameter server does")
-    # FederatedAveraging (Algorithm 2) and variants
+
+    def __post_init__(self) -> None:
+        _check(_finite(self.sparsity) and 0.0 <= self.sparsity < 1.0,
+               f"--sparsity must be in [0, 1), got {self.sparsity!r}")
+        _check(_finite(self.e_warm) and self.e_warm >= 0, f"--e-warm must be >= 0 epochs, got {self.e_warm!r}")
+        _check(self.clip_norm is None or (_finite(self.clip_norm) and self.clip_norm > 0),
+               f"--clip-norm must be > 0, got {self.clip_norm!r}")
+        _check(_finite(self.dgc_sample_ratio) and 0 < self.dgc_sample_ratio <= 1,
+               f"--dgc-sample-ratio must be in (0, 1], got {self.dgc_sample_ratio!r}")
+        _check(self.dgc_scope in DGC_SCOPES,
+               f"--dgc-scope: choose one of {', '.join(DGC_SCOPES)}, got {self.dgc_scope!r}")
+        _check(self.dgc_clip_at in DGC_CLIP_AT,
+               f"--dgc-clip-at: choose one of {', '.join(DGC_CLIP_AT)}, got {self.dgc_clip_at!r}")
+
+
+@dataclass(kw_only=True)
+class FedAvgConfig:
+    """Federated Averaging's options (Quagmire Algorithm 2) and its variants' (FedAvgM, FedOpt, FedProx, FedIR,
+    FedVC, IWDS, FedNova)."""
+
+    GROUP: ClassVar[str] = "algorithm"
+
     iter_local: int = opt(20, algos=FEDAVG, help="local iterations between model averages (Iter_Local)")
     reset_momentum: bool = opt(False, algos=FEDAVG, help="reset the local momentum buffer every round "
                                "(Algorithm 2 keeps it)")
@@ -377,35 +427,7 @@ class AlgoConfig:
     eval_every_rounds: int = opt(0, algos=FEDAVG, metavar="N", help="with --rounds: also validate the global model "
                                  "after every N-th round (at the round's last step, whatever its length; 0: off)")
 
-    # compressed exchange of BSP's gradients and FedAvg's uploads (geodml.algorithms.compressed)
-    compress: str = opt("none", algos=DENSE, choices=COMPRESSORS, help="compress BSP's gradient exchange or "
-                        "FedAvg's upload: powersgd (Vogels et al. 2019, rank --compress-rank, error feedback), qsgd "
-                        "(Alistarh et al. 2017, --compress-levels), int8 / int4 (blocks of 64 with float32 scales)")
-    compress_rank: int = opt(1, algos=DENSE, metavar="R", help="PowerSGD's rank r (torch's powerSGD_hook default 1)")
-    compress_levels: int = opt(16, algos=DENSE, metavar="S", help="QSGD's levels s per sign "
-                               "(ceil(log2(2s + 1)) bits an entry)")
-
     def __post_init__(self) -> None:
-        _check(self.algo in ALGOS or plugins.is_plugin_name("algo", self.algo),
-               f"--algo: unknown algorithm {self.algo!r}; choose one of {', '.join(ALGOS + API_ALGOS)}, or a plugin "
-               f"MODULE:CLASS (docs/plugins.md){did_you_mean(self.algo, ALGOS + API_ALGOS)}")
-        if self.algo not in ALGOS:
-            factory = plugins.load("algo", self.algo)
-            _check(callable(getattr(factory, "from_config", None)),
-                   f"--algo {self.algo}: has no from_config(cfg, *, flat, comm, ctx) (subclass geodml.Algorithm, whose "
-                   "from_config builds it from the run's config; docs/plugins.md)")
-        _check(_finite(self.t0) and self.t0 >= 0, f"--t0 must be >= 0 (a fraction, 0.1 = 10%), got {self.t0!r}")
-        _check(_finite(self.sparsity) and 0.0 <= self.sparsity < 1.0,
-               f"--sparsity must be in [0, 1), got {self.sparsity!r}")
-        _check(_finite(self.e_warm) and self.e_warm >= 0, f"--e-warm must be >= 0 epochs, got {self.e_warm!r}")
-        _check(self.clip_norm is None or (_finite(self.clip_norm) and self.clip_norm > 0),
-               f"--clip-norm must be > 0, got {self.clip_norm!r}")
-        _check(_finite(self.dgc_sample_ratio) and 0 < self.dgc_sample_ratio <= 1,
-               f"--dgc-sample-ratio must be in (0, 1], got {self.dgc_sample_ratio!r}")
-        _check(self.dgc_scope in DGC_SCOPES,
-               f"--dgc-scope: choose one of {', '.join(DGC_SCOPES)}, got {self.dgc_scope!r}")
-        _check(self.dgc_clip_at in DGC_CLIP_AT,
-               f"--dgc-clip-at: choose one of {', '.join(DGC_CLIP_AT)}, got {self.dgc_clip_at!r}")
         _check(isinstance(self.iter_local, int) and self.iter_local >= 1,
                f"--iter-local must be an integer >= 1, got {self.iter_local!r}")
         _check(_finite(self.client_fraction) and 0 < self.client_fraction <= 1,
@@ -450,6 +472,25 @@ class AlgoConfig:
                f"--eval-every-rounds must be an integer >= 0 (0: off), got {self.eval_every_rounds!r}")
         _check(self.eval_every_rounds == 0 or self.rounds is not None,
                "--eval-every-rounds counts the rounds of a --rounds run; give --rounds too (or --eval-every in steps)")
+        _check(self.rounds is None or self.eval_every_rounds <= self.rounds,
+               f"--eval-every-rounds {self.eval_every_rounds} is more than the run's --rounds {self.rounds}: it would "
+               f"never validate before the end; choose 1 to {self.rounds}")
+
+
+@dataclass(kw_only=True)
+class CompressConfig:
+    """Compressed exchange of BSP's gradients and FedAvg's uploads (geodml.algorithms.compressed)."""
+
+    GROUP: ClassVar[str] = "algorithm"
+
+    compress: str = opt("none", algos=DENSE, choices=COMPRESSORS, help="compress BSP's gradient exchange or "
+                        "FedAvg's upload: powersgd (Vogels et al. 2019, rank --compress-rank, error feedback), qsgd "
+                        "(Alistarh et al. 2017, --compress-levels), int8 / int4 (blocks of 64 with float32 scales)")
+    compress_rank: int = opt(1, algos=DENSE, metavar="R", help="PowerSGD's rank r (torch's powerSGD_hook default 1)")
+    compress_levels: int = opt(16, algos=DENSE, metavar="S", help="QSGD's levels s per sign "
+                               "(ceil(log2(2s + 1)) bits an entry)")
+
+    def __post_init__(self) -> None:
         _check(self.compress in COMPRESSORS,
                f"--compress: choose one of {', '.join(COMPRESSORS)}, got {self.compress!r}"
                f"{did_you_mean(self.compress, COMPRESSORS)}")
@@ -457,14 +498,10 @@ class AlgoConfig:
                f"--compress-rank must be an integer >= 1, got {self.compress_rank!r}")
         _check(_int(self.compress_levels) and 1 <= self.compress_levels <= 2**15,
                f"--compress-levels must be an integer in [1, 32768], got {self.compress_levels!r}")
-        _check(self.compress == "none" or self.algo in DENSE,
-               f"--compress {self.compress}: compresses BSP's gradients or FedAvg's upload; --algo {self.algo} has "
-               "its own encoding (leave --compress out)")
-        _check(not (self.compress == "powersgd" and self.client_fraction < 1),
-               "--compress powersgd all-reduces its factors over every partition; it needs --client-fraction 1")
-        _check(self.rounds is None or self.eval_every_rounds <= self.rounds,
-               f"--eval-every-rounds {self.eval_every_rounds} is more than the run's --rounds {self.rounds}: it would "
-               f"never validate before the end; choose 1 to {self.rounds}")
+
+
+ALGO_SECTIONS = ("gaia", "dgc", "fedavg", "compression")
+"""RunConfig's sections that hold geodml's algorithms' own options (split from ``algo`` by issue 66 item 7)."""
 
 
 @dataclass(kw_only=True)
@@ -642,6 +679,10 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
+    gaia: GaiaConfig = field(default_factory=GaiaConfig)
+    dgc: DGCConfig = field(default_factory=DGCConfig)
+    fedavg: FedAvgConfig = field(default_factory=FedAvgConfig)
+    compression: CompressConfig = field(default_factory=CompressConfig)
     comm: CommConfig = field(default_factory=CommConfig)
     skewscout: SkewScoutConfig = field(default_factory=SkewScoutConfig)
     reliability: ReliabilityConfig = field(default_factory=ReliabilityConfig)
@@ -742,6 +783,11 @@ class RunConfig:
         _check(self.partitions is None or (isinstance(self.partitions, int) and not isinstance(self.partitions, bool)
                                            and self.partitions >= 1),
                f"--partitions must be an integer >= 1, got {self.partitions!r}")
+        _check(self.compression.compress == "none" or self.algo.algo in DENSE,
+               f"--compress {self.compression.compress}: compresses BSP's gradients or FedAvg's upload; "
+               f"--algo {self.algo.algo} has its own encoding (leave --compress out)")
+        _check(not (self.compression.compress == "powersgd" and self.fedavg.client_fraction < 1),
+               "--compress powersgd all-reduces its factors over every partition; it needs --client-fraction 1")
         self._check_plugin()
         _check(not self.skewscout.enabled or self.algo.algo in KNOB_ALGOS or self.plugin_knob() is not None,
                f"--skewscout tunes a communication knob; --algo {self.algo.algo} has none "
@@ -750,13 +796,13 @@ class RunConfig:
         _check(self.algo.algo != "fedavg" or all(v >= 1 and float(v).is_integer() for v in self.skewscout.skewscout_grid),
                f"--skewscout-grid: FedAvg's knob counts steps or examples, so its values are integers >= 1, "
                f"got {self.skewscout.skewscout_grid!r}")
-        _check(not (self.skewscout.enabled and self.algo.algo == "fedavg" and self.algo.local_epochs > 0),
+        _check(not (self.skewscout.enabled and self.algo.algo == "fedavg" and self.fedavg.local_epochs > 0),
                "--skewscout tunes FedAvg's Iter_Local, which --local-epochs replaces; drop one of them")
-        _check(self.algo.rounds is None or self.algo.algo == "fedavg" or plugin_family(self.algo.algo) == "fedavg",
+        _check(self.fedavg.rounds is None or self.algo.algo == "fedavg" or plugin_family(self.algo.algo) == "fedavg",
                f"--rounds counts FedAvg's rounds; --algo {self.algo.algo} has none: give --steps or --epochs")
-        _check(self.algo.rounds is None or self.optim.steps is None,
+        _check(self.fedavg.rounds is None or self.optim.steps is None,
                "--rounds and --steps both set the training length; give one")
-        _check(self.algo.rounds is None or not self.skewscout.enabled,
+        _check(self.fedavg.rounds is None or not self.skewscout.enabled,
                "--rounds needs the rounds' lengths before the run and --skewscout changes Iter_Local during it; "
                "give --steps instead")
 
@@ -779,7 +825,7 @@ class RunConfig:
     def fedavg_iter_local(self) -> int:
         """Iter_Local of a FedAvg-family run: ``--iter-local``, or the plugin's own (its Config's
         ``iter_local``: DiLoCo's ``--inner-steps``)."""
-        return int(getattr(self.plugin, "iter_local", self.algo.iter_local))
+        return int(getattr(self.plugin, "iter_local", self.fedavg.iter_local))
 
     def plugin_knob(self) -> Any:
         """The KnobSpec a plugin algorithm declares (``KNOB``), or None (no plugin, or no knob)."""
@@ -979,6 +1025,28 @@ def _options() -> tuple[Option, ...]:
 
 OPTIONS: tuple[Option, ...] = _options()
 """Every option, section by section in RunConfig's order, then RunConfig's own fields."""
+
+MOVED_FROM_ALGO: dict[str, str] = {o.name: o.section for o in OPTIONS if o.section in ALGO_SECTIONS}
+"""Field name -> its section now, for the fields that the ``algo`` section held before the split (issue 66)."""
+
+
+def upgrade_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A configuration table (config.json's ``config``, a sectioned TOML file) in today's sections: the
+    fields an older run directory keeps in ``[algo]`` (``t0``, ``iter_local``, ...) move to their sections
+    (``[gaia]``, ``[fedavg]``, ...). A table in today's shape is returned as it is."""
+    algo = config.get("algo")
+    if not isinstance(algo, dict) or not any(k in MOVED_FROM_ALGO for k in algo):
+        return config
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in config.items()}
+    for k in [k for k in algo if k in MOVED_FROM_ALGO]:
+        out.setdefault(MOVED_FROM_ALGO[k], {})[k] = out["algo"].pop(k)
+    return out
+
+
+def upgrade_setting_key(key: str) -> str:
+    """``"algo.t0"`` (a checkpoint fingerprint's key written before the split) -> ``"gaia.t0"``."""
+    section, _, name = key.partition(".")
+    return f"{MOVED_FROM_ALGO[name]}.{name}" if section == "algo" and name in MOVED_FROM_ALGO else key
 
 
 def plugin_options(algo: str, cls: type) -> tuple[Option, ...]:

@@ -225,7 +225,7 @@ def training_length(cfg: RunConfig, sizes: np.ndarray, spe: int) -> tuple[int, f
     steps per epoch, or with --rounds R the first R rounds' lengths summed (``round_steps``); --eval-at,
     plus with --eval-every-rounds N the last step of every N-th round."""
     eval_at = frozenset(int(x) for x in cfg.eval_at)
-    a = cfg.algo
+    a = cfg.fedavg
     if a.rounds is None:
         return cfg.optim.steps or max(1, round(cfg.optim.epochs * spe)), eval_at
     from geodml.algorithms.fedavg import round_steps

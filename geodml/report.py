@@ -403,9 +403,9 @@ NOT_SETTINGS = ("out", "resume", "progress", "metrics_port", "metrics_host", "me
 def run_settings(run: Run) -> dict[str, Any]:
     """The run's settings by flag name (``lr``, ``t0``, ``comm-timeout``; ``topology`` as its name, e.g.
     five-continents, or ``default``) from config.json; empty for a run without one."""
-    from geodml.config import OPTIONS
+    from geodml.config import OPTIONS, upgrade_config
     doc = run.config or {}
-    cfg = doc.get("config") or {}
+    cfg = upgrade_config(doc.get("config") or {})   # a run directory written before the algo sections split
     flag = {(o.section, o.name): o.flag.removeprefix("--") for o in OPTIONS}
     out: dict[str, Any] = {}
     for key, value in cfg.items():

@@ -61,17 +61,32 @@ def test_corrupt_and_mismatched_files_are_clear_value_errors(tmp_path):
         ck.find_resume_step(tmp_path, 2, FP)
 
 
+def test_a_checkpoint_from_before_the_algo_sections_split_resumes(tmp_path):
+    """Checkpoints written when the ``algo`` section held every algorithm's options name them ``algo.t0``,
+    ``algo.iter_local``, ...: the same settings as today's ``gaia.t0``, ``fedavg.iter_local`` (issue 66 item 7)."""
+    from geodml.config import MOVED_FROM_ALGO
+    fp = ck.fingerprint(parse_config(["--algo", "gaia", "--t0", "0.05"]), 2)
+    old = {(f"algo.{k.partition('.')[2]}" if k.partition(".")[2] in MOVED_FROM_ALGO else k): v for k, v in fp.items()}
+    assert old["algo.t0"] == 0.05 and "gaia.t0" not in old and old["algo.iter_local"] == 20
+    for r in (0, 1):
+        _fake(ck.checkpoint_path(tmp_path, r, 10), r, 10, fp=old)
+    assert ck.find_resume_step(tmp_path, 2, fp) == 10
+    other = ck.fingerprint(parse_config(["--algo", "gaia", "--t0", "0.1"]), 2)
+    with pytest.raises(ValueError, match=r"gaia.t0=0.05 but this run has gaia.t0=0.1; resume with the same --t0"):
+        ck.find_resume_step(tmp_path, 2, other)
+
+
 def test_a_checkpoint_older_than_a_setting_resumes_at_its_default(tmp_path):
     """A fingerprint without a key (written before the setting existed) ran with the setting's default."""
     plain = ck.fingerprint(parse_config(["--algo", "fedavg"]), 2)
-    assert plain["algo.rounds"] is None and plain["algo.eval_every_rounds"] == 0   # the defaults
-    old = {k: v for k, v in plain.items() if k not in ("algo.rounds", "algo.eval_every_rounds")}
+    assert plain["fedavg.rounds"] is None and plain["fedavg.eval_every_rounds"] == 0   # the defaults
+    old = {k: v for k, v in plain.items() if k not in ("fedavg.rounds", "fedavg.eval_every_rounds")}
     for r in (0, 1):
         _fake(ck.checkpoint_path(tmp_path, r, 10), r, 10, fp=old)
     assert ck.find_resume_step(tmp_path, 2, plain) == 10
     later = ck.fingerprint(parse_config(["--algo", "fedavg", "--rounds", "3"]), 2)
-    with pytest.raises(ValueError, match=r"written before algo.rounds existed, so with its default None, but this "
-                                         r"run has algo.rounds=3; resume with --rounds at its default"):
+    with pytest.raises(ValueError, match=r"written before fedavg.rounds existed, so with its default None, but this "
+                                         r"run has fedavg.rounds=3; resume with --rounds at its default"):
         ck.find_resume_step(tmp_path, 2, later)
     newer = {**plain, "algo.knob_from_the_future": 1}   # a key the checkpoint has and this geodml lacks: refused
     for r in (0, 1):
@@ -247,7 +262,7 @@ def test_resume_rejects_other_settings(tmp_path):
     cfg = parse_config([*COMMON, *CASES["gaia"]])
     _run(cfg, 2, tmp_path, stop_after=7)
     other = parse_config([*COMMON, "--algo", "gaia", "--t0", "0.05"])
-    with pytest.raises(ValueError, match=r"algo.t0=0.02 but this run has algo.t0=0.05; resume with the same --t0"):
+    with pytest.raises(ValueError, match=r"gaia.t0=0.02 but this run has gaia.t0=0.05; resume with the same --t0"):
         ck.find_resume_step(tmp_path, 2, ck.fingerprint(other, 2))
     with pytest.raises(ValueError, match="world_size=2 but this run has world_size=3"):
         ck.find_resume_step(tmp_path, 3, ck.fingerprint(cfg, 3))

@@ -200,9 +200,40 @@ def test_toml_in_the_sections_of_config_json(tmp_path):
                     'skew = 0.8\ncomm-timeout = 30.0\nwan-scale = 2.0\nskewscout = true\n')
     a, b = parse_config(["--config", str(sectioned)]), parse_config(["--config", str(flat)])
     assert a.to_dict() == b.to_dict()
-    assert a.algo.algo == "gaia" and a.algo.t0 == 0.05 and a.comm.timeout_s == 30.0 and a.comm.wan_scale == 2.0
+    assert a.algo.algo == "gaia" and a.gaia.t0 == 0.05 and a.comm.timeout_s == 30.0 and a.comm.wan_scale == 2.0
     assert a.skewscout.enabled is True and a.optim.lr_milestones == (8, 12) and a.seed == 3
-    assert parse_config(["--config", str(sectioned), "--t0", "0.2"]).algo.t0 == 0.2
+    assert parse_config(["--config", str(sectioned), "--t0", "0.2"]).gaia.t0 == 0.2
+
+
+def test_each_algorithm_has_a_section_of_its_own_and_the_old_algo_table_still_reads(tmp_path, capsys):
+    """Issue 66 item 7: Gaia's, DGC's, FedAvg's (with its variants') and the compressors' options are
+    sections of their own (cfg.gaia.t0, cfg.fedavg.iter_local, ...), each option where its ``algos``
+    metadata says; ``[gaia] t0`` and the ``[algo] t0`` of run directories before the split read the
+    same; --help still titles each group by its algorithm."""
+    from geodml.config import ALGO_SECTIONS, OPTIONS, SECTIONS
+    assert list(SECTIONS)[3:8] == ["algo", *ALGO_SECTIONS]
+    where = {o.name: o.section for o in OPTIONS}
+    assert [o.name for o in OPTIONS if o.section == "algo"] == ["algo"]
+    assert where["t0"] == "gaia" and where["sparsity"] == where["dgc_scope"] == "dgc"
+    assert where["iter_local"] == where["server_optimizer"] == where["iwds"] == where["rounds"] == "fedavg"
+    assert where["compress"] == where["compress_rank"] == "compression"
+    for o in OPTIONS:   # the sections follow the algos metadata
+        if o.section in ("gaia", "dgc", "fedavg"):
+            assert o.algos == (o.section,), o
+    new = _toml(tmp_path, '[algo]\nalgo = "fedavg"\n[fedavg]\niter_local = 7\nfedir = true\n[compression]\ncompress = "int8"\n')
+    old = tmp_path / "old.toml"
+    old.write_text('[algo]\nalgo = "fedavg"\niter_local = 7\nfedir = true\ncompress = "int8"\n')
+    a, b = parse_config(["--config", str(new)]), parse_config(["--config", str(old)])
+    assert a.to_dict() == b.to_dict() and a.fedavg.iter_local == 7 and a.fedavg.fedir and a.compression.compress == "int8"
+    with pytest.raises(ValueError, match=r"--iter-local must be an integer >= 1, got 0"):
+        parse_config(["--algo", "fedavg", "--iter-local", "0"])
+    with pytest.raises(ValueError, match=r"--compress int8: compresses BSP's gradients or FedAvg's upload; --algo gaia"):
+        parse_config(["--algo", "gaia", "--compress", "int8"])
+    from geodml.cli import main
+    with pytest.raises(SystemExit):
+        main(["--algo", "fedavg", "--help"])
+    text = capsys.readouterr().out
+    assert "algorithm fedavg:" in text and "--iter-local" in text.split("algorithm fedavg:")[1]
 
 
 def test_a_runs_config_json_reads_back_to_its_config(tmp_path):
@@ -212,12 +243,12 @@ def test_a_runs_config_json_reads_back_to_its_config(tmp_path):
     import json
     from pathlib import Path
 
-    from geodml.config import RunConfig
+    from geodml.config import RunConfig, upgrade_config
     records = sorted(Path(__file__).resolve().parents[1].glob("docs/study/records/*/*/config.json"))
     assert len(records) >= 16
     default = RunConfig().to_dict()
     for f in records:
-        written = json.loads(f.read_text())["config"]
+        written = upgrade_config(json.loads(f.read_text())["config"])  # older ones: [algo] held every algorithm's
         back = parse_config(["--config", str(f)]).to_dict()
         assert back["out"] is None
         for key, value in written.items():
@@ -258,17 +289,17 @@ def test_valid_toml_of_every_kind_still_works(tmp_path):
                         'out = "runs/x"\ndata-cache = "off"\nclip-norm = 2.5\nmetrics_linger = 0\n'
                         'skewscout-search = "annealing"\nwire-auth = "off"\n')
     cfg = parse_config(["--config", str(f)])
-    assert cfg.algo.algo == "fedavg" and cfg.algo.fedir is True and cfg.algo.reset_momentum is False
+    assert cfg.algo.algo == "fedavg" and cfg.fedavg.fedir is True and cfg.fedavg.reset_momentum is False
     assert cfg.skewscout.enabled is True and cfg.skewscout.search == "annealing" and cfg.progress is False
-    assert cfg.optim.steps == 3 and cfg.algo.iter_local == 4 and cfg.comm.timeout_s == 5 and cfg.optim.lr == 1
+    assert cfg.optim.steps == 3 and cfg.fedavg.iter_local == 4 and cfg.comm.timeout_s == 5 and cfg.optim.lr == 1
     assert cfg.optim.lr_milestones == (10, 20.5) and cfg.out == "runs/x" and cfg.data.cache == "off"
-    assert cfg.algo.clip_norm == 2.5 and cfg.metrics_linger_s == 0 and cfg.comm.wire_auth == "off"
+    assert cfg.dgc.clip_norm == 2.5 and cfg.metrics_linger_s == 0 and cfg.comm.wire_auth == "off"
     f = _toml(tmp_path, 'algo = "fedavg"\niwds = "0.9, 0.1, 0.5"\nlr-milestones = "64,96"\n')  # as on the command line
     cfg = parse_config(["--config", str(f)])
-    assert cfg.algo.iwds == (0.9, 0.1, 0.5) and cfg.optim.lr_milestones == (64.0, 96.0)
+    assert cfg.fedavg.iwds == (0.9, 0.1, 0.5) and cfg.optim.lr_milestones == (64.0, 96.0)
     f = _toml(tmp_path, 'algo = "fedavg"\niwds = [0.9, 0, 1]\nlr-milestones = []\n')
     cfg = parse_config(["--config", str(f), "--no-progress"])
-    assert cfg.algo.iwds == (0.9, 0, 1) and cfg.optim.lr_milestones == () and cfg.progress is False
+    assert cfg.fedavg.iwds == (0.9, 0, 1) and cfg.optim.lr_milestones == () and cfg.progress is False
 
 
 # ---- the CLI is derived from the config dataclasses ----
@@ -296,12 +327,12 @@ def test_every_config_field_is_a_flag_with_its_default_and_help():
 
 
 def test_flag_types_switches_and_lists():
-    assert parse_config(["--fedir"]).algo.fedir is True
+    assert parse_config(["--fedir"]).fedavg.fedir is True
     cfg = parse_config(["--reset-momentum", "--server-nesterov", "--skewscout", "--algo", "fedavg",
                         "--resume", "--out", "x", "--no-progress", "--iwds", "0.9,0.1,0.5", "--steps", "7",
                         "--comm-timeout", "3", "--metrics-linger", "1.5", "--data-cache", "off",
                         "--skewscout-search", "stochastic"])
-    a = cfg.algo
+    a = cfg.fedavg
     assert a.reset_momentum and a.server_nesterov and cfg.skewscout.enabled and cfg.reliability.resume
     assert cfg.progress is False and a.iwds == (0.9, 0.1, 0.5) and cfg.optim.steps == 7
     assert cfg.comm.timeout_s == 3.0 and isinstance(cfg.comm.timeout_s, float) and cfg.metrics_linger_s == 1.5
@@ -327,7 +358,7 @@ def test_warns_about_options_the_algorithm_ignores(tmp_path):
     assert said == []
     cfg = parse_config(["--algo", "fedavg", "--epochs", "5", "--rounds", "3"], warn=said.append)
     assert said == ["geodml: warning: --epochs has no effect with --rounds (the rounds set the training length)"]
-    assert cfg.algo.rounds == 3
+    assert cfg.fedavg.rounds == 3
     said.clear()
     parse_config(["--config", str(_toml(tmp_path, "epochs = 5\n")), "--algo", "fedavg", "--rounds", "3"],
                  warn=said.append)

@@ -18,7 +18,7 @@ from geodml.algorithms.dgc import DGC, WARMUP_SPARSITIES, warmup_sparsity
 from geodml.algorithms.topk import TopSelector, target_count
 from geodml.comm import InProcessGroup
 from geodml.comm.wire import envelope_nbytes
-from geodml.config import AlgoConfig
+from geodml.config import DGCConfig
 from tests.support.procs import run_torchrun, run_workers
 
 # ---------------------------------------------------------------------------------------------
@@ -374,7 +374,7 @@ def test_invalid_hyper_parameters():
     bad = [({"sparsity": 1.0}, "sparsity"), ({"clip_norm": 0.0}, "clip-norm"), ({"dgc_sample_ratio": 0.0}, "sample-ratio")]
     for kw, msg in bad:
         with pytest.raises(ValueError, match=msg):
-            AlgoConfig(algo="dgc", **kw)
+            DGCConfig(**kw)
 
 
 def test_state_dict_round_trip_continues_identically():

@@ -228,6 +228,6 @@ def test_help_group_and_warnings():
     cfg = parse_config(["--algo", "diloco", "--iter-local", "5", "--server-momentum", "0.5", "--client-fraction",
                         "0.5"], warn=warned.append)
     assert warned == ["geodml: warning: --iter-local, --server-momentum has no effect with --algo diloco"]
-    assert cfg.fedavg_iter_local() == 500 and cfg.algo.client_fraction == 0.5
+    assert cfg.fedavg_iter_local() == 500 and cfg.fedavg.client_fraction == 0.5
     with pytest.warns(UserWarning, match="--momentum does nothing with --inner-optimizer adamw"):
         _built(["--algo", "diloco", "--momentum", "0.5"])

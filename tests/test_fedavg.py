@@ -30,7 +30,7 @@ from geodml.algorithms.fedprox import FedProx
 from geodml.algorithms.fedvc import FedVC, pps_inclusion_probabilities, systematic_pps_sample
 from geodml.algorithms.iwds import IWDS, iwds_beta, iwds_class_weights
 from geodml.comm.wire import envelope_nbytes
-from geodml.config import AlgoConfig, OptimConfig, RunConfig
+from geodml.config import AlgoConfig, FedAvgConfig, OptimConfig, RunConfig
 from tests.support.inprocess import kind_bytes, record_calls, run_threads
 
 
@@ -438,7 +438,7 @@ def test_client_sampling_identical_on_every_rank_and_nonparticipants_charged_not
 
 # ---- composition and configuration --------------------------------------------------------------
 def _cfg(**algo):
-    return RunConfig(algo=AlgoConfig(algo="fedavg", **algo), optim=OptimConfig(batch_size=4))
+    return RunConfig(algo=AlgoConfig(algo="fedavg"), fedavg=FedAvgConfig(**algo), optim=OptimConfig(batch_size=4))
 
 
 def _build(cfg, counts=((3, 1),)):

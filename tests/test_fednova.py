@@ -13,7 +13,7 @@ from geodml.algorithms.fedavg import FedAvg
 from geodml.algorithms.federated import variant_class
 from geodml.algorithms.fednova import FedNova
 from geodml.algorithms.fedprox import FedProx
-from geodml.config import AlgoConfig, RunConfig, SkewScoutConfig
+from geodml.config import AlgoConfig, FedAvgConfig, RunConfig, SkewScoutConfig
 from tests.support.inprocess import kind_bytes, run_threads
 from tests.test_fedavg import _build, _cfg, _ctx, _drive, _flat, _quadratic_grad, _run_synthetic, _train
 
@@ -167,9 +167,9 @@ def test_from_config_builds_fednova_and_warns_about_reset_momentum():
 ])
 def test_bad_settings_are_value_errors(kw, match):
     with pytest.raises(ValueError, match=match):
-        AlgoConfig(algo="fedavg", **kw)
+        FedAvgConfig(**kw)
 
 
 def test_skewscout_rejects_local_epochs():
     with pytest.raises(ValueError, match="--local-epochs"):
-        RunConfig(algo=AlgoConfig(algo="fedavg", local_epochs=1.0), skewscout=SkewScoutConfig(enabled=True))
+        RunConfig(algo=AlgoConfig(algo="fedavg"), fedavg=FedAvgConfig(local_epochs=1.0), skewscout=SkewScoutConfig(enabled=True))

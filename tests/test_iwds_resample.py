@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from geodml.algorithms.iwds import IWDS, iwds_class_probabilities, iwds_raw_weights, iwds_resample
-from geodml.config import AlgoConfig
+from geodml.config import FedAvgConfig
 from tests.support.inprocess import run_threads
 from tests.test_fedavg import _build, _cfg, _ctx, _flat, _train
 
@@ -120,13 +120,13 @@ def test_resample_needs_labels_and_is_rejected_with_fedvc():
                  iwds_mode="both")
     run_threads(1, fn)
     with pytest.raises(ValueError, match="--iwds-mode resample draws each minibatch itself"):
-        AlgoConfig(algo="fedavg", iwds=(0.9, 0.1, 0.5), iwds_mode="resample", virtual_client_size=8)
+        FedAvgConfig(iwds=(0.9, 0.1, 0.5), iwds_mode="resample", virtual_client_size=8)
     with pytest.raises(ValueError, match="--iwds-mode: choose one of reweight, resample"):
-        AlgoConfig(algo="fedavg", iwds_mode="sample")
+        FedAvgConfig(iwds_mode="sample")
 
 
 def test_default_mode_is_reweight_and_builder_passes_the_mode():
-    assert AlgoConfig().iwds_mode == "reweight"
+    assert FedAvgConfig().iwds_mode == "reweight"
     assert not _build(_cfg(iwds=(0.9, 0.1, 0.9))).resample
     algo = _build(_cfg(iwds=(0.9, 0.1, 0.9), iwds_mode="resample"))
     assert algo.resample and algo.label_weights() is None

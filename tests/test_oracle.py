@@ -404,7 +404,7 @@ def test_tiny_real_oracle_study(tmp_path, capsys):
         assert r["accuracy"] == pytest.approx(sum(per) / 2)
         assert s["steps"] == 10 and s["world_size"] == 2
     gaia = {r["theta"]: r for r in rep["runs"] if r["role"] == "theta"}
-    assert json.loads((out / "gaia-t0-0.5" / "config.json").read_text())["config"]["algo"]["t0"] == 0.5
+    assert json.loads((out / "gaia-t0-0.5" / "config.json").read_text())["config"]["gaia"]["t0"] == 0.5
     assert gaia[0.5]["wan_bytes_total"] < gaia[0.05]["wan_bytes_total"]  # a looser threshold sends less
     if rep["oracle"] is not None:
         assert rep["oracle"]["run_id"] in {r["run_id"] for r in rep["runs"] if r["meets_target"] and r["role"] == "theta"}

@@ -73,7 +73,7 @@ def test_run_returns_summary_metrics_and_out_and_the_three_forms_agree(tmp_path)
     assert r.summary["wan_bytes_total"] > 0
     lines = (r.out / "metrics.jsonl").read_text().splitlines()
     assert len(r.metrics) == len(lines) > 0 and r.metrics[-1] == json.loads(lines[-1])
-    assert r.config.algo.iter_local == 5
+    assert r.config.fedavg.iter_local == 5
     d = geodml.run({"algo": "fedavg", "iter-local": 5, "dataset": "digits", "partitions": 4, "steps": 20,
                     "progress": False, "eval_every": 10, "out": str(tmp_path / "dict")})
     cfg = parse_config(["--algo", "fedavg", "--iter-local", "5", *SMALL, "--out", str(tmp_path / "cfg")])
@@ -221,7 +221,7 @@ def test_plugin_options_help_toml_and_warnings(tmp_path, capsys):
     toml = tmp_path / "run.toml"
     toml.write_text(f'algo = "{TOPK}"\ntopk-fraction = 0.3\niter-local = 7\n')
     cfg = parse_config(["--config", str(toml)])
-    assert cfg.plugin.topk_fraction == 0.3 and cfg.algo.iter_local == 7
+    assert cfg.plugin.topk_fraction == 0.3 and cfg.fedavg.iter_local == 7
     assert parse_config(["--config", str(toml), "--topk-fraction", "0.03"]).plugin.topk_fraction == 0.03
     toml.write_text(f'algo = "{TOPK}"\ntopk-fraction = "much"\n')
     with pytest.raises(ValueError, match=r'topk-fraction = "much" is a string; expected a number'):

@@ -13,7 +13,7 @@ import torch
 
 from geodml.algorithms.fedavg import round_steps
 from geodml.cli import main
-from geodml.config import AlgoConfig, OptimConfig, RunConfig, SkewScoutConfig
+from geodml.config import AlgoConfig, FedAvgConfig, OptimConfig, RunConfig, SkewScoutConfig
 
 SIZES = np.array([209, 489, 360, 380])
 
@@ -73,15 +73,15 @@ def test_a_rounds_run_ends_on_its_last_average_and_equals_the_run_in_steps(tmp_p
 
 
 @pytest.mark.parametrize("make, match", [
-    (lambda: AlgoConfig(algo="fedavg", rounds=0), "--rounds must be an integer >= 1"),
-    (lambda: AlgoConfig(algo="fedavg", rounds=2.5), "--rounds must be an integer >= 1"),
-    (lambda: AlgoConfig(algo="fedavg", eval_every_rounds=-1), "--eval-every-rounds must be an integer >= 0"),
-    (lambda: AlgoConfig(algo="fedavg", eval_every_rounds=2), "give --rounds too"),
-    (lambda: AlgoConfig(algo="fedavg", rounds=3, eval_every_rounds=4), "more than the run's --rounds 3"),
-    (lambda: RunConfig(algo=AlgoConfig(algo="gaia", rounds=3)), "--algo gaia has none"),
-    (lambda: RunConfig(algo=AlgoConfig(algo="fedavg", rounds=3), optim=OptimConfig(steps=10)),
+    (lambda: FedAvgConfig(rounds=0), "--rounds must be an integer >= 1"),
+    (lambda: FedAvgConfig(rounds=2.5), "--rounds must be an integer >= 1"),
+    (lambda: FedAvgConfig(eval_every_rounds=-1), "--eval-every-rounds must be an integer >= 0"),
+    (lambda: FedAvgConfig(eval_every_rounds=2), "give --rounds too"),
+    (lambda: FedAvgConfig(rounds=3, eval_every_rounds=4), "more than the run's --rounds 3"),
+    (lambda: RunConfig(algo=AlgoConfig(algo="gaia"), fedavg=FedAvgConfig(rounds=3)), "--algo gaia has none"),
+    (lambda: RunConfig(algo=AlgoConfig(algo="fedavg"), fedavg=FedAvgConfig(rounds=3), optim=OptimConfig(steps=10)),
      "--rounds and --steps both set the training length"),
-    (lambda: RunConfig(algo=AlgoConfig(algo="fedavg", rounds=3), skewscout=SkewScoutConfig(enabled=True)),
+    (lambda: RunConfig(algo=AlgoConfig(algo="fedavg"), fedavg=FedAvgConfig(rounds=3), skewscout=SkewScoutConfig(enabled=True)),
      "--skewscout changes Iter_Local"),
 ])
 def test_bad_rounds_settings_are_value_errors(make, match):

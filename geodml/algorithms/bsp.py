@@ -30,7 +30,7 @@ class BSP(Algorithm):
 
     @classmethod
     def from_config(cls, cfg: RunConfig, *, flat: FlatParams, comm: Comm, ctx: AlgoContext) -> BSP:
-        a = cfg.algo
+        a = cfg.compression
         return cls(flat=flat, comm=comm, momentum=cfg.optim.momentum, ctx=ctx, compress=a.compress,
                    compress_rank=a.compress_rank, compress_levels=a.compress_levels)
 

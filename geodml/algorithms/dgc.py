@@ -146,14 +146,14 @@ class DGC(Algorithm):
                  e_warm: float = 4.0, clip_norm: float | None = None, sample_ratio: float = 0.01,
                  selection_backend: str = "auto", scope: str = "global", clip_at: str = "gradient") -> None:
         super().__init__(flat=flat, comm=comm, momentum=momentum, ctx=ctx)
-        # sparsity, clip_norm and sample_ratio are validated by geodml.config.AlgoConfig (the one validator)
+        # sparsity, clip_norm and sample_ratio are validated by geodml.config.DGCConfig (the one validator)
         if flat.data.dtype != torch.float32:
             raise ValueError(f"DGC sends float32 values; the model's parameters are {flat.data.dtype}")
         # hyper-parameters
         self.final_sparsity = float(sparsity)
         self.e_warm = float(e_warm)
         self.knob = self.KNOB.bind(get=lambda: self.e_warm, set=self._set_e_warm)
-        assert scope in DGC_SCOPES and clip_at in DGC_CLIP_AT, "validated by geodml.config.AlgoConfig"
+        assert scope in DGC_SCOPES and clip_at in DGC_CLIP_AT, "validated by geodml.config.DGCConfig"
         self.scope, self.clip_at = scope, clip_at
         self.clip_norm = clip_norm
         self.local_clip = None if clip_norm is None or clip_at != "gradient" else clip_norm / math.sqrt(ctx.world_size)
@@ -203,7 +203,7 @@ class DGC(Algorithm):
 
     @classmethod
     def from_config(cls, cfg: RunConfig, *, flat: FlatParams, comm: Comm, ctx: AlgoContext) -> DGC:
-        a = cfg.algo
+        a = cfg.dgc
         return cls(flat=flat, comm=comm, momentum=cfg.optim.momentum, ctx=ctx, sparsity=a.sparsity,
                    e_warm=a.e_warm, clip_norm=a.clip_norm, sample_ratio=a.dgc_sample_ratio, scope=a.dgc_scope,
                    clip_at=a.dgc_clip_at)

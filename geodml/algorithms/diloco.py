@@ -104,9 +104,9 @@ class DiLoCo(FedAvgM):
     def check_config(cls, cfg: RunConfig) -> None:
         """What the options cannot say alone (ValueError: one ``geodml: error:`` line before any process starts)."""
         c = cfg.plugin
-        require(cfg.algo.local_epochs == 0, "--local-epochs: a DiLoCo outer step is H inner steps (--inner-steps); "
+        require(cfg.fedavg.local_epochs == 0, "--local-epochs: a DiLoCo outer step is H inner steps (--inner-steps); "
                 "leave --local-epochs out")
-        require(not (c.inner_optimizer == "adamw" and cfg.algo.reset_momentum),
+        require(not (c.inner_optimizer == "adamw" and cfg.fedavg.reset_momentum),
                 "--reset-momentum resets momentum SGD's buffer; the inner AdamW keeps its moments across outer steps "
                 "(the paper); use it with --inner-optimizer sgd")
 

@@ -39,13 +39,13 @@ from geodml.algorithms.fedprox import FedProx
 from geodml.algorithms.fedvc import FedVC
 from geodml.algorithms.iwds import IWDS
 from geodml.algorithms.knob import KnobSpec
-from geodml.config import AlgoConfig
+from geodml.config import FedAvgConfig
 
 if TYPE_CHECKING:
     from geodml.comm.api import Comm
     from geodml.config import RunConfig
 
-_ITER_LOCAL_DEFAULT = AlgoConfig.__dataclass_fields__["iter_local"].default
+_ITER_LOCAL_DEFAULT = FedAvgConfig.__dataclass_fields__["iter_local"].default
 
 
 def variant_class(*, fedavgm: bool = False, fedprox: bool = False, fedir: bool = False, iwds: bool = False,
@@ -74,14 +74,14 @@ def fedavg_arguments(cfg: RunConfig, *, flat: FlatParams, comm: Comm, ctx: AlgoC
     Comm and context, the local momentum, --iter-local (or the plugin Config's ``iter_local``: DiLoCo's H),
     --reset-momentum, --client-fraction and --local-epochs. A plugin that extends FedAvg builds itself
     with them (docs/plugins.md)."""
-    a = cfg.algo
+    a = cfg.fedavg
     return dict(flat=flat, comm=comm, momentum=cfg.optim.momentum, ctx=ctx, iter_local=cfg.fedavg_iter_local(),
                 reset_momentum=a.reset_momentum, client_fraction=a.client_fraction, local_epochs=a.local_epochs)
 
 
 def build_fedavg(cfg: RunConfig, *, flat: FlatParams, comm: Comm, ctx: AlgoContext) -> FedAvg:
-    """The combination of variants that ``cfg.algo`` asks for (module docstring), built."""
-    a = cfg.algo
+    """The combination of variants that ``cfg.fedavg`` and ``cfg.compression`` ask for (module docstring), built."""
+    a = cfg.fedavg
     if a.server_nesterov and a.server_momentum == 0:
         warnings.warn("--server-nesterov does nothing with --server-momentum 0", stacklevel=3)
     kw = fedavg_arguments(cfg, flat=flat, comm=comm, ctx=ctx)
@@ -111,11 +111,12 @@ def build_fedavg(cfg: RunConfig, *, flat: FlatParams, comm: Comm, ctx: AlgoConte
         if a.iter_local != _ITER_LOCAL_DEFAULT:
             warnings.warn(f"--iter-local {a.iter_local} is ignored with --virtual-client-size: a FedVC round is "
                           f"ceil({a.virtual_client_size} / batch size) steps", stacklevel=3)
-    if a.compress != "none":
-        kw.update(compress=a.compress, compress_rank=a.compress_rank, compress_levels=a.compress_levels)
+    c = cfg.compression
+    if c.compress != "none":
+        kw.update(compress=c.compress, compress_rank=c.compress_rank, compress_levels=c.compress_levels)
     klass = variant_class(fedavgm=server, fedprox=a.prox_mu > 0, fedir=a.fedir, iwds=a.iwds is not None,
                           fedvc=a.virtual_client_size > 0, fednova=a.fednova, fedopt=fedopt,
-                          compressed=a.compress != "none")
+                          compressed=c.compress != "none")
     return klass(**kw)
 
 

@@ -82,7 +82,7 @@ class Gaia(Algorithm):
     def from_config(cls, cfg: RunConfig, *, flat: FlatParams, comm: Comm, ctx: AlgoContext) -> Gaia:
         if flat.data.dtype != torch.float32:
             raise ValueError("gaia exchanges float32 updates; the model must be float32")
-        return cls(flat=flat, comm=comm, momentum=cfg.optim.momentum, ctx=ctx, t0=cfg.algo.t0, lr0=cfg.optim.lr)
+        return cls(flat=flat, comm=comm, momentum=cfg.optim.momentum, ctx=ctx, t0=cfg.gaia.t0, lr0=cfg.optim.lr)
 
     # ---- knob ----------------------------------------------------------------------------
     def _set_t0(self, value: float) -> None:

@@ -87,9 +87,9 @@ class HierFAVG(FedAvg):
     @classmethod
     def check_config(cls, cfg: RunConfig) -> None:
         """What the options cannot say alone (one ``geodml: error:`` line before any process starts)."""
-        require(cfg.algo.client_fraction == 1.0, "--client-fraction: HierFAVG averages every partition of every "
+        require(cfg.fedavg.client_fraction == 1.0, "--client-fraction: HierFAVG averages every partition of every "
                 "region (Liu et al. sample no clients); leave --client-fraction out")
-        require(cfg.algo.local_epochs == 0, "--local-epochs: HierFAVG's rounds are --edge-every local steps; "
+        require(cfg.fedavg.local_epochs == 0, "--local-epochs: HierFAVG's rounds are --edge-every local steps; "
                 "leave --local-epochs out")
 
     @classmethod

@@ -100,7 +100,7 @@ class StreamingDiLoCo(DiLoCo):
     @classmethod
     def check_config(cls, cfg: RunConfig) -> None:
         super().check_config(cfg)
-        require(cfg.algo.client_fraction == 1.0, "--client-fraction: every Streaming DiLoCo worker takes part in "
+        require(cfg.fedavg.client_fraction == 1.0, "--client-fraction: every Streaming DiLoCo worker takes part in "
                 "every fragment's sync; leave --client-fraction out")
 
     @classmethod

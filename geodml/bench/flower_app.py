@@ -93,7 +93,7 @@ def train(msg: Message, context: Context) -> Message:
     sampler = BatchSampler(s["parts"][k], cfg.optim.batch_size, cfg.seed, k)
     for _ in range(before):  # the minibatches this partition took in earlier rounds
         sampler.next()
-    a = cfg.algo
+    a = cfg.fedavg
     flat.data.copy_(w_t)
     u = torch.zeros_like(flat.data)
     m = float(cfg.optim.momentum)
@@ -119,7 +119,7 @@ def main(grid: Grid, context: Context) -> None:
     from geodml.trainer import evaluate
     s = _setup()
     cfg, flat, model = s["cfg"], s["flat"], s["model"]
-    a, k = cfg.algo, cfg.partitions
+    a, k = cfg.fedavg, cfg.partitions
     m = num_participants(a.client_fraction, k)
     nodes = sorted(grid.get_node_ids())
     w = flat.data.clone()

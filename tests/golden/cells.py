@@ -50,9 +50,10 @@ MEASURED_METRICS = ("wall_s", "emulated_s")
 """metrics.jsonl fields that depend on the clock."""
 MEASURED_CONFIG = ("engine", "host")
 """config.json fields that name the machine or the engine, not the run."""
-ADDED_OPTIONS = {"plugin": None, "tensorboard": None, "algo.server_optimizer": "sgd", "algo.server_betas": [0.9, 0.99],
-                 "algo.server_tau": 0.001, "comm.compute_s_per_step": None, "algo.compress": "none",
-                 "algo.compress_rank": 1, "algo.compress_levels": 16, "reliability.restart": False,
+ADDED_OPTIONS = {"plugin": None, "tensorboard": None, "fedavg.server_optimizer": "sgd",
+                 "fedavg.server_betas": [0.9, 0.99], "fedavg.server_tau": 0.001, "comm.compute_s_per_step": None,
+                 "compression.compress": "none", "compression.compress_rank": 1, "compression.compress_levels": 16,
+                 "reliability.restart": False,
                  "skewscout.travel_backoff": 1}
 """Options added after the records were made (issue 66: a plugin's options, --tensorboard; issue 67: FedOpt's
 server optimizer, --compute-s-per-step, --compress; issue 71: --restart; issue 69: --travel-backoff), with their

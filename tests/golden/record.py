@@ -18,6 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from geodml.config import upgrade_config
 from tests.golden.cells import (
     ADDED_OPTIONS,
     ADDED_SUMMARY,
@@ -79,9 +80,11 @@ def extract(out: Path) -> dict:
 
 
 def normalize(record: dict) -> dict:
-    """``record`` without the options that no longer exist (REMOVED_OPTIONS): a stored record and a new
-    run compare on what both have."""
-    config = record["config"].get("config", {})
+    """``record`` without the options that no longer exist (REMOVED_OPTIONS), its algorithms' options in their
+    sections (geodml.config.upgrade_config: the records were written when ``algo`` held them all): a stored
+    record and a new run compare on what both have."""
+    config = upgrade_config(record["config"].get("config", {}))   # records predate the algo sections' split
+    record["config"]["config"] = config
     for k in REMOVED_OPTIONS:
         config.pop(k, None)
     for name, default in ADDED_OPTIONS.items():
@@ -89,6 +92,8 @@ def normalize(record: dict) -> dict:
         where = config.get(section[0], {}) if section else config
         if k in where and where[k] == default:
             where.pop(k)
+            if section and not where:   # a section of added options only (--compress's)
+                config.pop(section[0])
     return record
 
 
