@@ -6,16 +6,28 @@ For each configuration, side by side in one invocation:
   evaluation inside the run). Partition-steps per second = the partitions that compute in a step
   (FedAvg: the m = floor(C*P) sampled clients; Gaia, DGC: all P) x steps / seconds, timed from
   partition 0's metrics.jsonl between log lines (the first window, the warm-up, excluded; so
-  start-up and the final evaluation are not in it).
+  start-up and the final evaluation are not in it). The runs give ``--divergence-loss inf``, whose
+  one collective at each log line joins every partition of every process there (a run that stays
+  finite is bit-identical to one without it): without it a process that hosts none of a FedAvg
+  round's clients writes its lines without waiting for the clients of the other processes, and its
+  windows would time nothing (P = 16, C = 0.1, R = 2 once measured 21.7x the loop).
 * **plain loop** (the floor): the same network on the same data, trained with no framework in this
   process: for FedAvg, per round the m sampled clients one after another (load the global weights,
   Iter_Local momentum-SGD steps on minibatches of the client's partition, add the weighted
   result), then the average; for Gaia and DGC, P models each taking one momentum-SGD step per step,
   one after another, with no communication at all. Partition-steps per second the same way.
 * **memory**: each process's peak RSS (the partitions' startup.json reports), summed over the R
-  processes, minus R times the fixed cost of one process (the peak RSS of a FedAvg run with P = R),
-  against the partitions' own state in float32: P x (weights + momentum), and for Gaia and DGC
-  their accumulated updates v^k besides (Algorithm 1's and DGC's state: 3 model-sized vectors).
+  processes, minus the fixed cost of R processes, against the partitions' own state in float32:
+  P x (weights + momentum), and for Gaia and DGC their accumulated updates v^k besides (Algorithm
+  1's and DGC's state: 3 model-sized vectors). The fixed cost is measured with the same algorithm,
+  flags and process count hosting two partitions per process (P = 2R), less those partitions' own
+  state: the same engine path, scratch buffers and evaluation as the measured run. (It used to be a
+  FedAvg run with P = R, one partition per process, which takes another path and scores its
+  partition differently.) **The column is still not trustworthy at P <= 100**: the peak RSS of
+  identical runs varies by more than the partitions' own state (FedAvg, P = 2, R = 1, 20 steps:
+  709, 876 and 883 MiB in three runs; own state 0.7 MiB), so "x own" can come out negative; the
+  memory target needs a measure that such noise does not swamp (large P, or the slope between two
+  large P), which this benchmark does not have yet.
 
 ``--device cuda``: geodml's partitions and the plain loop train on the GPU (the partitions of a
 process share its GPU), the plain loop's
@@ -42,7 +54,6 @@ import numpy as np
 import torch
 
 from geodml.bench.common import format_table, run_geodml
-from geodml.compose import HOSTED_GPU_ENV
 
 BATCH = 20
 ITER_LOCAL = 20
@@ -103,7 +114,8 @@ def measure(cfg: Config, steps: int, workdir: Path, dataset: str, model: str, de
     t = run_geodml(cfg.processes, cfg.algo, steps + log_every, workdir, model=model, dataset=dataset,
                    batch_size=BATCH, log_every=log_every,
                    extra=(*cfg.flags(), "--partitions", str(cfg.partitions), "--device", device,
-                          "--partition-eval-examples", str(_partition_eval_examples(dataset))),
+                          "--partition-eval-examples", str(_partition_eval_examples(dataset)),
+                          "--divergence-loss", "inf"),   # log lines join every process (module docstring)
                    timeout_s=3600.0, env=env)  # 10,000 clients of LeNet take ~15 min on 2 cores
     assert t.out is not None
     owner = process_of(cfg.partitions, cfg.processes)
@@ -222,17 +234,15 @@ def main(argv: list[str] | None = None) -> int:
             configs += [Config(algo, P, R, extra) for P in every for R in rs if R <= P]
     own = {algo: own_state_bytes(algo, a.model, dataset) for algo in {c.algo for c in configs}}
     rows = []
-    fixed: dict[tuple[int, bool], int] = {}
+    fixed: dict[tuple[str, tuple[str, ...], int], int] = {}
     with tempfile.TemporaryDirectory(prefix="geodml-bench-") as tmp:
         for cfg in configs:
-            # the fixed cost of a process: FedAvg with one partition per process
-            key = (cfg.processes, a.device == "cpu")
+            # the fixed cost of R processes: the same run hosting two partitions per process, less their state
+            key = (cfg.algo, cfg.extra, cfg.processes)
             if key not in fixed:
-                # on a GPU with the cuBLAS workspaces that hosted partitions run with (P = R is not
-                # hosted and would keep the default 32 MiB ones, which are no part of a fixed cost)
-                env = HOSTED_GPU_ENV if a.device == "cuda" else None
-                fixed[key] = measure(Config("fedavg", cfg.processes, cfg.processes), steps, Path(tmp),
-                                     dataset, a.model, a.device, env)[1]
+                small = Config(cfg.algo, 2 * cfg.processes, cfg.processes, cfg.extra)
+                fixed[key] = measure(small, steps, Path(tmp), dataset, a.model, a.device)[1] \
+                    - small.partitions * own[cfg.algo]
             load = os.getloadavg()[0]
             rate, peak = measure(cfg, steps, Path(tmp), dataset, a.model, a.device)
             floor = plain_loop(cfg, steps, dataset, a.model, a.device)
