@@ -65,9 +65,7 @@ def joined(cfg: RunConfig, env: Env, backend: str, device: str) -> Iterator[tupl
 
     with ExitStack() as stack:
         stack.callback(destroy_process_group)
-        agent_stop = AgentStop.current()   # installed by the CLI under a torchrun agent
-        if agent_stop is not None:
-            agent_stop.enter("at start-up")
+        agent_stop = AgentStop.current()   # installed by the CLI under a torchrun agent, now "at start-up"
         fault_point("startup", env.rank)
         store = rendezvous(env, cfg.comm.timeout_s)
         dev = init_process_group(env, backend, cfg.comm.timeout_s, device, store=store)
